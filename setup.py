@@ -1,0 +1,30 @@
+"""tvm_ext: MetaSchedule plugin for quantized workloads on pip-installed Apache TVM."""
+from setuptools import setup
+
+setup(
+    name="tvm_ext",
+    version="0.1.0",
+    description="MetaSchedule schedule rules, postprocessors and tuning drivers for quantized models",
+    python_requires=">=3.9",
+    packages=["tvm_ext", "tvm_ext.workloads", "tvm_ext.rules", "tvm_ext.postprocs"],
+    package_dir={
+        "tvm_ext": "tvm_ext",
+        "tvm_ext.rules": "rules",
+        "tvm_ext.postprocs": "postprocs",
+    },
+    install_requires=[
+        # 0.27.0.post1 needs tvm-ffi 0.1.14.post1: with 0.1.15.x tvm.ir.save_json segfaults,
+        # i.e. every MetaSchedule database write crashes. Pin both.
+        "apache-tvm==0.27.0.post1",
+        "apache-tvm-ffi==0.1.14.post1",
+        "numpy",
+        "xgboost",
+        "psutil",
+        "cloudpickle",
+        "tornado",
+    ],
+    extras_require={
+        "test": ["pytest", "pytest-timeout"],
+    },
+    entry_points={"console_scripts": ["tvm-ext=tvm_ext.cli:main"]},
+)
