@@ -1,0 +1,116 @@
+"""Target presets and host detection (tvm_ext.targets)."""
+import json
+
+import pytest
+import tvm
+from tvm.target import codegen
+
+from tvm_ext import targets as T
+
+
+def test_llvm_host_preset_matches_llvm_and_os():
+    t = T.resolve_target("llvm")
+    assert t.kind.name == "llvm"
+    host = T.describe_host()
+    known = codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm"}))
+    # the mcpu used is one this LLVM knows; LLVM's own host name when it knows it
+    assert host["mcpu"] is None or host["mcpu"] in known
+    if host["llvm_host_cpu"] in known:
+        assert host["mcpu"] == host["llvm_host_cpu"]
+    if host["mcpu"]:
+        assert str(t.attrs["mcpu"]) == host["mcpu"]
+    assert int(t.attrs["num-cores"]) == host["physical_cores"] >= 1
+
+
+def test_host_features_agree_with_cpuinfo():
+    flags = T._cpuinfo().get("flags")
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags")
+    host = T.describe_host()
+    assert host["avx512vnni"] == ("avx512_vnni" in flags)
+    assert host["avxvnni"] == ("avx_vnni" in flags)
+    # every feature the preset claims is really exposed by the OS
+    for llvm_name, os_name in T._LLVM_TO_CPUINFO.items():
+        if llvm_name in host["features"]:
+            assert os_name in flags, llvm_name
+    assert T.has_vnni("llvm") == (host["avx512vnni"] or host["avxvnni"])
+
+
+def test_nearest_known_cpu_fallback():
+    known = T._known_cpus()
+    # a host with AVX-512 VNNI but no AMX: an Intel model with VNNI and nothing it lacks
+    flags = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq",
+             "avx512vl", "avx512cd", "avx512_vnni"}
+    cpu = T._nearest_known_cpu(flags, known, "intel")
+    assert cpu in known
+    feats = T._llvm_features(cpu)
+    assert "avx512vnni" in feats and "amx-tile" not in feats
+    # AVX2 only: no AVX-512 model is picked
+    cpu2 = T._nearest_known_cpu({"sse4_2", "avx", "avx2", "fma", "f16c"}, known, "intel")
+    assert "avx512f" not in T._llvm_features(cpu2) and "avx2" in T._llvm_features(cpu2)
+    assert T._nearest_known_cpu(set(), known) is None
+
+
+def test_generic_and_vnni_detection():
+    g = T.resolve_target("llvm-generic")
+    assert g.kind.name == "llvm" and "mcpu" not in g.attrs
+    assert not T.has_vnni("llvm-generic")
+    assert T.vnni_kinds({"kind": "llvm", "mcpu": "cascadelake"}) == ["avx512vnni"]
+    assert T.vnni_kinds({"kind": "llvm", "mcpu": "alderlake"}) == ["avxvnni"]
+    assert T.vnni_kinds({"kind": "llvm", "mcpu": "sapphirerapids"}) == ["avx512vnni", "avxvnni"]
+    assert not T.has_vnni({"kind": "llvm", "mcpu": "skylake-avx512"})
+    assert not T.has_vnni({"kind": "llvm", "mcpu": "cascadelake", "mattr": ["-avx512vnni"]})
+    assert not T.has_vnni("cuda-sm80")
+
+
+@pytest.mark.parametrize("name,arch", [("cuda-sm75", "sm_75"), ("cuda-sm80", "sm_80"), ("cuda-sm90", "sm_90")])
+def test_cuda_presets(name, arch):
+    t = T.resolve_target(name)
+    assert t.kind.name == "cuda"
+    assert str(t.attrs["arch"]) == arch
+    assert int(t.attrs["max_threads_per_block"]) == 1024
+    assert int(t.attrs["max_shared_memory_per_block"]) == 49152
+    assert int(t.attrs["thread_warp_size"]) == 32
+    assert T.target_key(t) == "cuda"
+
+
+def test_cuda_default_arch(monkeypatch):
+    monkeypatch.setattr(T, "_nvidia_smi_arch", lambda: None)
+    assert str(T.resolve_target("cuda").attrs["arch"]) == "sm_80"
+    monkeypatch.setattr(T, "_nvidia_smi_arch", lambda: "sm_90")
+    assert str(T.resolve_target("cuda").attrs["arch"]) == "sm_90"
+
+
+def test_json_specs():
+    t = T.resolve_target('{"kind": "llvm", "mcpu": "cascadelake", "num-cores": 4}')
+    assert str(t.attrs["mcpu"]) == "cascadelake" and int(t.attrs["num-cores"]) == 4
+    t2 = T.resolve_target({"kind": "cuda", "arch": "sm_86"})
+    assert str(t2.attrs["arch"]) == "sm_86"
+    assert T.resolve_target(t2) is t2
+    assert T.target_key('{"kind": "llvm"}') == "llvm"
+
+
+@pytest.mark.parametrize(
+    "spec", ['{"kind": "llvm",', "{kind: llvm}", "[1, 2]", '{"mcpu": "x"}', '{"kind": "llvm", "bogus": 1}', "tpu"]
+)
+def test_bad_specs_give_one_line_value_error(spec):
+    with pytest.raises(ValueError) as info:
+        T.resolve_target(spec)
+    msg = str(info.value)
+    assert msg and "\n" not in msg and len(msg) < 400
+
+
+def test_target_mismatch():
+    assert T.target_mismatch("llvm", "llvm") is None
+    w = T.target_mismatch({"kind": "llvm", "mcpu": "znver4"}, {"kind": "llvm", "mcpu": "cascadelake"})
+    assert "znver4" in w and "cascadelake" in w
+    assert "kind" in T.target_mismatch("cuda-sm80", "llvm-generic")
+
+
+def test_print_targets(capsys):
+    assert T.print_targets() == 0
+    out = capsys.readouterr().out
+    host = T.describe_host()
+    assert "avx512vnni" in out and str(host["physical_cores"]) in out
+    assert "cuda-sm80" in out
+    json.dumps(host)  # JSON-able for --json style output

@@ -1,0 +1,422 @@
+"""Target presets: what ``--target llvm`` / ``--target cuda`` mean for tvm_ext.
+
+``llvm`` is the machine we run on: LLVM's host CPU name (checked against the CPUs
+this TVM's LLVM knows, else the nearest known one by features), the vector ISA
+features that the OS really exposes, and ``num-cores`` = physical cores. A plain
+``{"kind": "llvm"}`` (``llvm-generic``) generates baseline x86-64 code, which is
+what makes untuned int8 kernels an order of magnitude slower.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+from typing import Any, Union
+
+import tvm
+from tvm.target import Target, codegen
+
+# Fixed limits of the CUDA presets (same for the archs we support).
+_CUDA_LIMITS = {
+    "max_threads_per_block": 1024,
+    "max_shared_memory_per_block": 49152,
+    "thread_warp_size": 32,
+}
+CUDA_PRESETS = {"cuda-sm75": "sm_75", "cuda-sm80": "sm_80", "cuda-sm90": "sm_90"}
+DEFAULT_CUDA_ARCH = "sm_80"
+
+# LLVM feature name -> Linux /proc/cpuinfo flag, for the features that decide code
+# generation for int8/fp kernels. A virtual machine may hide some of them even though
+# LLVM's CPU model has them; we switch those off with mattr.
+_LLVM_TO_CPUINFO = {
+    "sse4.2": "sse4_2",
+    "avx": "avx",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl",
+    "avx512cd": "avx512cd",
+    "avx512vnni": "avx512_vnni",
+    "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16",
+    "avx512vbmi": "avx512vbmi",
+    "avx512vbmi2": "avx512_vbmi2",
+    "avx512ifma": "avx512ifma",
+    "avxvnni": "avx_vnni",
+    "avxvnniint8": "avx_vnni_int8",
+    "amx-tile": "amx_tile",
+    "amx-int8": "amx_int8",
+    "amx-bf16": "amx_bf16",
+}
+
+TargetSpec = Union[str, dict, Target]
+
+
+# --------------------------------------------------------------------------- host
+def _cpuinfo() -> dict:
+    """Model name and flags of the first CPU in /proc/cpuinfo ({} when unavailable)."""
+    info: dict[str, Any] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        if ":" not in line:
+            if info:  # end of the first processor block
+                break
+            continue
+        key, value = (s.strip() for s in line.split(":", 1))
+        if key == "model name" and "model_name" not in info:
+            info["model_name"] = value
+        elif key in ("flags", "Features") and "flags" not in info:
+            info["flags"] = set(value.split())
+    return info
+
+
+def physical_cores() -> int:
+    """Number of physical cores (hyper-threads not counted), at least 1."""
+    try:
+        import psutil  # pylint: disable=import-outside-toplevel
+
+        n = psutil.cpu_count(logical=False)
+        if n:
+            return int(n)
+    except ImportError:
+        pass
+    cores = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            phys = core = None
+            for line in f:
+                if line.startswith("physical id"):
+                    phys = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                elif not line.strip() and core is not None:
+                    cores.add((phys, core))
+                    phys = core = None
+    except OSError:
+        pass
+    return len(cores) or (os.cpu_count() or 1)
+
+
+def _llvm_features(mcpu: str | None) -> set[str]:
+    cfg = {"kind": "llvm"}
+    if mcpu:
+        cfg["mcpu"] = mcpu
+    try:
+        return set(codegen.llvm_get_cpu_features(Target(cfg)))
+    except Exception:  # pylint: disable=broad-except
+        return set()
+
+
+def _known_cpus() -> list[str]:
+    try:
+        return list(codegen.llvm_get_cpu_archlist(Target({"kind": "llvm"})))
+    except Exception:  # pylint: disable=broad-except
+        return []
+
+
+_AMD_PREFIXES = ("znver", "bdver", "btver", "athlon", "amdfam", "k6", "k8", "barcelona", "opteron", "geode")
+
+
+def _nearest_known_cpu(host_flags: set[str], known: list[str], vendor: str = "") -> str | None:
+    """The known CPU with the most features, all of which the host has (by cpuinfo).
+
+    Only CPUs of the host's vendor are considered when the vendor is known (an Intel
+    host gets an Intel model, whose scheduling model matches better).
+    """
+    if not host_flags:
+        return None
+    vendor = vendor.lower()
+    if vendor in ("intel", "amd"):
+        known = [c for c in known if c.startswith(_AMD_PREFIXES) == (vendor == "amd")] or known
+    best, best_n = None, -1
+    for cpu in known:
+        feats = _llvm_features(cpu)
+        mapped = {f for f in feats if f in _LLVM_TO_CPUINFO}
+        if any(_LLVM_TO_CPUINFO[f] not in host_flags for f in mapped):
+            continue
+        if len(mapped) > best_n or (len(mapped) == best_n and len(feats) > len(_llvm_features(best))):
+            best, best_n = cpu, len(mapped)
+    return best
+
+
+@lru_cache(maxsize=1)
+def _host() -> dict:
+    info = _cpuinfo()
+    flags = info.get("flags", set())
+    triple = codegen.llvm_get_system_triple()
+    llvm_cpu = codegen.llvm_get_system_cpu()
+    known = _known_cpus()
+    is_x86 = triple.startswith(("x86_64", "i386", "i686"))
+    note = ""
+    if llvm_cpu and llvm_cpu != "generic" and llvm_cpu in known:
+        mcpu = llvm_cpu
+        note = "LLVM host CPU"
+    elif is_x86:
+        mcpu = _nearest_known_cpu(flags, known, _safe(codegen.llvm_get_system_x86_vendor))
+        note = f"LLVM host CPU {llvm_cpu!r} unknown to this LLVM; nearest known by features"
+    else:
+        mcpu = None
+        note = f"LLVM host CPU {llvm_cpu!r} unknown to this LLVM; generic code"
+    feats = _llvm_features(mcpu)
+    # features the CPU model has but the OS/hypervisor does not expose
+    disabled = sorted(
+        f for f in feats if f in _LLVM_TO_CPUINFO and flags and _LLVM_TO_CPUINFO[f] not in flags
+    )
+    effective = feats - set(disabled)
+    return {
+        "cpu_name": info.get("model_name", "unknown"),
+        "vendor": _safe(codegen.llvm_get_system_x86_vendor) if is_x86 else "",
+        "triple": triple,
+        "llvm_host_cpu": llvm_cpu,
+        "mcpu": mcpu,
+        "mcpu_source": note,
+        "mattr": [f"-{f}" for f in disabled],
+        "features": sorted(effective),
+        "avx512vnni": "avx512vnni" in effective,
+        "avxvnni": "avxvnni" in effective,
+        "physical_cores": physical_cores(),
+        "logical_cpus": os.cpu_count() or 1,
+    }
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception:  # pylint: disable=broad-except
+        return ""
+
+
+def describe_host() -> dict:
+    """What ``--target llvm`` detects on this machine.
+
+    Keys: cpu_name (from the OS), vendor, triple, llvm_host_cpu (LLVM's name), mcpu (the
+    one used: LLVM's if this LLVM knows it, else the nearest known), mcpu_source, mattr
+    (features switched off because the OS does not expose them), features (LLVM feature
+    names in effect), avx512vnni, avxvnni (bools), physical_cores, logical_cpus.
+    """
+    d = dict(_host())
+    d["features"] = list(d["features"])
+    d["mattr"] = list(d["mattr"])
+    return d
+
+
+def host_target() -> Target:
+    """The ``llvm`` preset: this machine's CPU and physical core count."""
+    h = _host()
+    cfg: dict[str, Any] = {"kind": "llvm", "num-cores": h["physical_cores"]}
+    if h["mcpu"]:
+        cfg["mcpu"] = h["mcpu"]
+    if h["mattr"]:
+        cfg["mattr"] = list(h["mattr"])
+    return Target(cfg)
+
+
+# --------------------------------------------------------------------------- cuda
+def _nvidia_smi_arch() -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"(\d+)\.(\d+)", out)
+    return f"sm_{m.group(1)}{m.group(2)}" if m else None
+
+
+def cuda_target(arch: str) -> Target:
+    return Target({"kind": "cuda", "arch": arch, **_CUDA_LIMITS})
+
+
+# --------------------------------------------------------------------------- public
+def resolve_target(spec: TargetSpec) -> Target:
+    """Turn a CLI/API target spec into a Target.
+
+    spec: "llvm" (this host, see describe_host), "llvm-generic" (plain {"kind": "llvm"}),
+    "cuda" (arch from nvidia-smi, else sm_80), "cuda-sm75" / "cuda-sm80" / "cuda-sm90",
+    a JSON object string, a dict, or a Target (returned as is).
+    Malformed JSON or an unknown name raises ValueError with a one-line message.
+    """
+    if isinstance(spec, Target):
+        return spec
+    if isinstance(spec, dict):
+        return _from_dict(spec, json.dumps(spec))
+    if not isinstance(spec, str):
+        raise ValueError(f"target must be a string, dict or Target, not {type(spec).__name__}")
+    s = spec.strip()
+    if s == "llvm":
+        return host_target()
+    if s == "llvm-generic":
+        return Target({"kind": "llvm"})
+    if s == "cuda":
+        return cuda_target(_nvidia_smi_arch() or DEFAULT_CUDA_ARCH)
+    if s in CUDA_PRESETS:
+        return cuda_target(CUDA_PRESETS[s])
+    if s.startswith(("{", "[", '"')) or s[:1].isdigit():
+        try:
+            cfg = json.loads(s)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"malformed target JSON ({err.msg} at line {err.lineno} column {err.colno}): {_short(s)}"
+            ) from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"target JSON must be an object: {_short(s)}")
+        return _from_dict(cfg, s)
+    known = ["llvm", "llvm-generic", "cuda", *sorted(CUDA_PRESETS)]
+    raise ValueError(f"unknown target {s!r}; use one of {', '.join(known)} or a JSON object")
+
+
+def _short(s: str, n: int = 80) -> str:
+    s = " ".join(s.split())
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _from_dict(cfg: dict, text: str) -> Target:
+    if "kind" not in cfg:
+        raise ValueError(f"target JSON has no 'kind': {_short(text)}")
+    try:
+        return Target(cfg)
+    except Exception as err:  # pylint: disable=broad-except
+        first = str(err).strip().splitlines()
+        msg = next((ln for ln in first if "Unknown" in ln or "rror" in ln), first[0] if first else "")
+        raise ValueError(f"invalid target {_short(text)}: {_short(msg, 200)}") from None
+
+
+def target_key(target: TargetSpec) -> str:
+    """Short name for directory names: "llvm", "cuda", "cuda-sm80", ... .
+
+    The preset names collapse to their kind ("llvm" for the host preset and any llvm
+    target, "cuda" for any cuda target), matching tuning_logs/<workload>-<key>-<ruleset>/.
+    """
+    t = resolve_target(target)
+    kind = str(t.kind.name)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", kind)
+
+
+def _llvm_target_features(target: Target) -> set[str]:
+    try:
+        with target:
+            return set(codegen.llvm_get_cpu_features(target))
+    except Exception:  # pylint: disable=broad-except
+        return set()
+
+
+def has_vnni(target: TargetSpec) -> bool:
+    """True for llvm x86 targets whose mcpu/mattr give AVX-512 VNNI or AVX-VNNI."""
+    return bool(vnni_kinds(target))
+
+
+def vnni_kinds(target: TargetSpec) -> list[str]:
+    """Which VNNI flavours the target has: subset of ["avx512vnni", "avxvnni"] in that order."""
+    t = resolve_target(target)
+    if str(t.kind.name) != "llvm":
+        return []
+    triple = str(t.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple()
+    if not triple.startswith(("x86_64", "i386", "i686")):
+        return []
+    feats = _llvm_target_features(t)
+    out = []
+    if {"avx512vnni", "avx512f", "avx512bw"} <= feats:
+        out.append("avx512vnni")
+    if "avxvnni" in feats:
+        out.append("avxvnni")
+    return out
+
+
+def target_to_json(target: TargetSpec) -> dict:
+    """The target as a JSON-able dict (for databases and reports)."""
+    t = resolve_target(target)
+    return json.loads(json.dumps(_plain(t.export())))
+
+
+def _plain(x):
+    if isinstance(x, dict) or hasattr(x, "items"):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)) or (hasattr(x, "__len__") and hasattr(x, "__getitem__") and not isinstance(x, str)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def target_mismatch(recorded: TargetSpec, current: TargetSpec) -> str | None:
+    """A one-line warning when a database made for ``recorded`` is reused with ``current``.
+
+    Compares kind, mcpu / arch and the VNNI flavours; None when they agree. Used when a
+    tuning database written on one machine is resumed or benchmarked on another.
+    """
+    try:
+        a, b = target_to_json(recorded), target_to_json(current)
+    except ValueError as err:
+        return f"cannot compare targets: {err}"
+    diffs = []
+    for key in ("kind", "mcpu", "arch", "mattr"):
+        if a.get(key) != b.get(key):
+            diffs.append(f"{key} {a.get(key)!r} -> {b.get(key)!r}")
+    if not diffs:
+        return None
+    return (
+        "database was tuned for another target ("
+        + "; ".join(diffs)
+        + "): its schedules and timings may not fit this machine"
+    )
+
+
+def format_host(desc: dict | None = None) -> str:
+    """describe_host() as the lines ``tvm-ext targets`` prints."""
+    d = desc or describe_host()
+    lines = [
+        f"cpu:            {d['cpu_name']}" + (f" ({d['vendor']})" if d.get("vendor") else ""),
+        f"triple:         {d['triple']}",
+        f"llvm host cpu:  {d['llvm_host_cpu']}",
+        f"mcpu:           {d['mcpu'] or '(none: generic)'}  [{d['mcpu_source']}]",
+        f"physical cores: {d['physical_cores']} (logical {d['logical_cpus']})",
+        f"avx512vnni:     {'yes' if d['avx512vnni'] else 'no'}",
+        f"avxvnni:        {'yes' if d['avxvnni'] else 'no'}",
+    ]
+    if d["mattr"]:
+        lines.append(f"mattr:          {','.join(d['mattr'])}  (in the CPU model, hidden by the OS)")
+    simd = [f for f in d["features"] if re.match(r"(avx|amx|sse4|fma|f16c)", f)]
+    lines.append(f"simd features:  {' '.join(simd)}")
+    lines.append("")
+    lines.append("presets:")
+    lines.append(f"  llvm          {json.dumps(target_to_json('llvm'))}")
+    lines.append(f"  llvm-generic  {json.dumps(target_to_json('llvm-generic'))}")
+    for name in ["cuda", *sorted(CUDA_PRESETS)]:
+        lines.append(f"  {name:<13} {json.dumps(target_to_json(name))}")
+    return "\n".join(lines)
+
+
+def print_targets() -> int:
+    """Body of ``tvm-ext targets``: prints the detected host and the presets; returns 0."""
+    print(format_host())
+    return 0
+
+
+__all__ = [
+    "resolve_target",
+    "target_key",
+    "describe_host",
+    "has_vnni",
+    "vnni_kinds",
+    "host_target",
+    "cuda_target",
+    "physical_cores",
+    "target_to_json",
+    "target_mismatch",
+    "format_host",
+    "print_targets",
+]
