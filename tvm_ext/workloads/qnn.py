@@ -1,0 +1,317 @@
+"""TE building blocks of the quantized (uint8 x int8 -> int32) networks.
+
+Each op has a NumPy twin with the same name and signature in ``qnn_reference``
+(activations, then constant arrays, then keyword attributes). The requantize
+epilogues hold their output zero point in a constant-scalar block: a 0-d
+``te.compute`` with no inputs, like Relay's ``compile_engine_const``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax, te, topi
+
+from . import qnn_reference as ref
+
+Q = 31  # fractional bits of the fixed-point multipliers
+
+
+def const_scalar(value: int, dtype: str = "int32", name: str = "compile_engine_const"):
+    """A 0-d tensor computed by a block with no reads that stores a constant."""
+    return te.compute((), lambda: tvm.tirx.const(int(value), dtype), name=name)
+
+
+def _qmsa(x, mult, lshift, rshift):
+    """``q_multiply_shift_per_axis(x, mult, lshift, rshift, 31, False, True)`` as in the seed."""
+    return tvm.tirx.q_multiply_shift_per_axis(
+        x,
+        mult,
+        lshift,
+        rshift,
+        tvm.tirx.const(Q, "int32"),
+        tvm.tirx.const(False, "bool"),
+        tvm.tirx.const(True, "bool"),
+    )
+
+
+def _clip_u8(x):
+    return tvm.tirx.max(tvm.tirx.min(x, 255), 0).astype("uint8")
+
+
+def _pad_hw(data, pad, value, name):
+    if pad == 0:
+        return data
+    before, after = [0, pad, pad, 0], [0, pad, pad, 0]
+    return topi.nn.pad(data, before, after, pad_value=value, name=name)
+
+
+def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0):
+    """Raw int32 accumulator of uint8 NHWC data x int8 HWIO weights; pads with ``zp_in``."""
+    n, h, w, cin = (int(d) for d in data.shape)
+    kh, kw, _, cout = (int(d) for d in weight.shape)
+    padded = _pad_hw(data, pad, tvm.tirx.const(int(zp_in), data.dtype), "pad_temp")
+    ho, wo = (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
+    rc = te.reduce_axis((0, cin), name="rc")
+    return te.compute(
+        (n, ho, wo, cout),
+        lambda b, y, x, o: te.sum(
+            padded[b, y * stride + rh, x * stride + rw, rc].astype("int32")
+            * weight[rh, rw, rc, o].astype("int32"),
+            axis=[rh, rw, rc],
+        ),
+        name="conv2d_nhwc",
+    )
+
+
+def dense(data, weight):
+    """Raw int32 accumulator of uint8 [N, K] data x int8 [units, K] weights."""
+    n, k = (int(d) for d in data.shape)
+    units = int(weight.shape[0])
+    rk = te.reduce_axis((0, k), name="rk")
+    return te.compute(
+        (n, units),
+        lambda b, u: te.sum(data[b, rk].astype("int32") * weight[u, rk].astype("int32"), axis=rk),
+        name="dense",
+    )
+
+
+def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out):
+    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, 0, 255)`` as uint8.
+
+    ``zp_corr`` and ``bias`` are shaped ``(1, ..., 1, C)``; ``mult``, ``lshift`` and
+    ``rshift`` are ``(C,)``; all index the last axis of ``acc``.
+    """
+    zp = const_scalar(zp_out)
+    lead = (0,) * (len(acc.shape) - 1)
+
+    def _body(*idx):
+        c = idx[-1]
+        x = acc(*idx) - zp_corr(*lead, c) + bias(*lead, c)
+        return _clip_u8(_qmsa(x, mult[c], lshift[c], rshift[c]) + zp[()])
+
+    return te.compute(acc.shape, _body, name="T_cast")
+
+
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out):
+    """Residual add of two uint8 tensors, each requantized to the output scale."""
+    zp = const_scalar(zp_out)
+    zero = tvm.tirx.const(0, "int32")
+
+    def _body(*idx):
+        c = idx[-1]
+        ra = _qmsa(a(*idx).astype("int32") - int(zp_a), mult_a[c], zero, rshift_a[c])
+        rb = _qmsa(b(*idx).astype("int32") - int(zp_b), mult_b[c], zero, rshift_b[c])
+        return _clip_u8(ra + rb + zp[()])
+
+    return te.compute(a.shape, _body, name="T_add")
+
+
+def max_pool2d(data, *, size=3, stride=2, pad=1):
+    """Max pool over H and W of uint8 NHWC data, padding with 0 (the uint8 minimum)."""
+    n, h, w, c = (int(d) for d in data.shape)
+    padded = _pad_hw(data, pad, tvm.tirx.const(0, data.dtype), "pad_temp")
+    ho, wo = (h + 2 * pad - size) // stride + 1, (w + 2 * pad - size) // stride + 1
+    rh = te.reduce_axis((0, size), name="rh")
+    rw = te.reduce_axis((0, size), name="rw")
+    return te.compute(
+        (n, ho, wo, c),
+        lambda b, y, x, ch: te.max(padded[b, y * stride + rh, x * stride + rw, ch], axis=[rh, rw]),
+        name="pool_max",
+    )
+
+
+def global_avg_pool(data):
+    """Mean over H and W of uint8 NHWC data, rounded half up: ``(sum + hw/2) // hw``."""
+    n, h, w, c = (int(d) for d in data.shape)
+    rh = te.reduce_axis((0, h), name="rh")
+    rw = te.reduce_axis((0, w), name="rw")
+    total = te.compute(
+        (n, c), lambda b, ch: te.sum(data[b, rh, rw, ch].astype("int32"), axis=[rh, rw]), name="pool_sum"
+    )
+    hw = h * w
+    return te.compute(
+        (n, c),
+        lambda b, ch: tvm.tirx.floordiv(total[b, ch] + hw // 2, hw).astype("uint8"),
+        name="pool_avg",
+    )
+
+
+# --------------------------------------------------------------------------------------
+# QuantGraph: records a quantized network once, with weights and quantization
+# parameters drawn from a seed and calibrated on a sample input; then emits it as a
+# fused Relax module (one PrimFunc per op, FuseOps + FuseTIR) or runs it in NumPy.
+# --------------------------------------------------------------------------------------
+
+TARGET_RMS = 40.0  # calibrated spread of every requantized output around its zero point
+
+
+@dataclass
+class Value:
+    """A tensor of the graph being recorded: its id, zero point and sample value."""
+
+    index: int
+    sample: np.ndarray
+    zp: int = 0
+
+    @property
+    def shape(self):
+        return self.sample.shape
+
+
+@dataclass
+class _Step:
+    name: str
+    op: str  # function name, the same in this module and in qnn_reference
+    inputs: tuple
+    consts: tuple
+    attrs: dict
+
+
+def fixed_point(scale) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel real scales < 1 as (multiplier in [2**30, 2**31), right shift >= 0)."""
+    scale = np.minimum(np.asarray(scale, np.float64), (2.0**31 - 1) / 2.0**31)
+    frac, exp = np.frexp(scale)
+    mult = np.round(frac * 2.0**Q).astype(np.int64)
+    carry = mult == 2**Q
+    mult[carry] //= 2
+    exp = exp + carry
+    return mult.astype(np.int32), (-exp).astype(np.int32)
+
+
+def random_images(batch: int, size: int, channels: int, seed: int) -> np.ndarray:
+    """uint8 NHWC images from ``seed + 1``; image 0 is the same for every batch size."""
+    rng = np.random.RandomState(seed + 1)
+    return rng.randint(0, 256, (batch, size, size, channels)).astype(np.uint8)
+
+
+def fuse(mod: tvm.IRModule) -> tvm.IRModule:
+    """The Relax passes that turn one-PrimFunc-per-op into fused tasks."""
+    seq = tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+            relax.transform.DeadCodeElimination(),
+        ]
+    )
+    return seq(mod)
+
+
+class QuantGraph:
+    """Quantized network recorder. Call it on inputs to run the NumPy reference."""
+
+    def __init__(self, seed: int = 0):
+        self.rng = np.random.RandomState(seed)
+        self.input_specs: list[tuple[tuple, str]] = []
+        self.steps: list[_Step] = []
+
+    # -- recording -------------------------------------------------------------------
+    def input(self, sample: np.ndarray, zp: int, batch: int | None = None) -> Value:
+        """A graph input; ``sample`` (e.g. one image) drives calibration."""
+        shape = ((batch or sample.shape[0]),) + tuple(sample.shape[1:])
+        self.input_specs.append((shape, str(sample.dtype)))
+        return Value(len(self.input_specs) - 1, sample, int(zp))
+
+    def _emit(self, name, op, inputs, consts=(), zp=0, **attrs) -> Value:
+        consts = tuple(np.ascontiguousarray(c) for c in consts)
+        attrs = {k: int(v) for k, v in attrs.items()}
+        self.steps.append(_Step(name, op, tuple(v.index for v in inputs), consts, attrs))
+        sample = getattr(ref, op)(*(v.sample for v in inputs), *consts, **attrs)
+        return Value(len(self.input_specs) + len(self.steps) - 1, sample, int(zp))
+
+    def _weights(self, shape) -> np.ndarray:
+        """Symmetric int8 weights with a different amplitude per output channel (last axis)."""
+        amp = self.rng.uniform(24, 127, shape[-1])
+        return np.round(self.rng.uniform(-1, 1, shape) * amp).astype(np.int8)
+
+    def _requantize(self, name, x, acc, w_mat, zp_out) -> Value:
+        """Calibrated requantize of ``acc`` = x (zp ``x.zp``) times ``w_mat`` [K, C]."""
+        w = w_mat.astype(np.int64)
+        cout = w.shape[1]
+        lead = (1,) * (acc.sample.ndim - 1) + (cout,)
+        zp_corr = (x.zp * w.sum(axis=0)).astype(np.int32).reshape(lead)
+        x_mean = float(np.mean(x.sample.astype(np.float64) - x.zp))
+        bias = np.round(-x_mean * w.sum(axis=0)).astype(np.int32).reshape(lead)
+        centered = acc.sample.astype(np.float64) - zp_corr + bias
+        norm = np.sqrt((w.astype(np.float64) ** 2).sum(axis=0))
+        norm = norm / norm.mean()
+        rms = max(float(np.sqrt(np.mean((centered / norm) ** 2))), 1.0)
+        mult, rshift = fixed_point(TARGET_RMS / (rms * norm))
+        lshift = np.zeros(cout, np.int32)
+        consts = (zp_corr, bias, mult, lshift, rshift)
+        return self._emit(name, "requantize", [acc], consts, zp=zp_out, zp_out=zp_out)
+
+    def conv(self, x: Value, cout: int, kernel: int, stride: int = 1, zp_out: int = 128, name="conv"):
+        """uint8 conv2d (pad kernel//2) + requantize."""
+        w = self._weights((kernel, kernel, x.shape[-1], cout))
+        acc = self._emit(name + ".acc", "conv2d_nhwc", [x], [w], stride=stride, pad=kernel // 2, zp_in=x.zp)
+        return self._requantize(name, x, acc, w.reshape(-1, cout), zp_out)
+
+    def dense(self, x: Value, units: int, zp_out: int = 128, name="fc"):
+        """uint8 x int8 [units, K] dense + requantize."""
+        w = self._weights((x.shape[-1], units)).T
+        acc = self._emit(name + ".acc", "dense", [x], [w])
+        return self._requantize(name, x, acc, w.T, zp_out)
+
+    def add(self, a: Value, b: Value, zp_out: int = 128, name="add"):
+        """Residual add, both inputs requantized so that the sum has the target spread."""
+        c = a.shape[-1]
+        consts = []
+        for v in (a, b):
+            rms = max(float(np.sqrt(np.mean((v.sample.astype(np.float64) - v.zp) ** 2))), 1.0)
+            mult, rshift = fixed_point(np.full(c, TARGET_RMS / (rms * np.sqrt(2.0))))
+            consts += [mult, rshift]
+        return self._emit(name, "add_requantize", [a, b], consts, zp=zp_out, zp_a=a.zp, zp_b=b.zp, zp_out=zp_out)
+
+    def max_pool(self, x: Value, name="maxpool"):
+        """3x3 / 2 max pool, pad 1."""
+        return self._emit(name, "max_pool2d", [x], zp=x.zp, size=3, stride=2, pad=1)
+
+    def global_avg_pool(self, x: Value, name="avgpool"):
+        """Integer global average pool."""
+        return self._emit(name, "global_avg_pool", [x], zp=x.zp)
+
+    # -- using -----------------------------------------------------------------------
+    def run(self, inputs) -> list[np.ndarray]:
+        """All values of the graph (inputs first) computed by the NumPy reference."""
+        values = [np.asarray(v) for v in inputs]
+        for step in self.steps:
+            args = [values[i] for i in step.inputs]
+            values.append(getattr(ref, step.op)(*args, *step.consts, **step.attrs))
+        return values
+
+    def __call__(self, inputs) -> np.ndarray:
+        return self.run(inputs)[-1]
+
+    def clip_fractions(self, inputs) -> dict[str, float]:
+        """Per requantized layer: fraction of outputs clipped to 0 or 255."""
+        values = self.run(inputs)[len(self.input_specs) :]
+        return {
+            s.name: ref.clip_fraction(v)
+            for s, v in zip(self.steps, values)
+            if s.op in ("requantize", "add_requantize")
+        }
+
+    def to_relax(self, fused: bool = True) -> tvm.IRModule:
+        """The graph as a Relax module whose ``main`` takes the inputs; weights are constants."""
+        this = globals()
+        bb = relax.BlockBuilder()
+        params = [
+            relax.Var(f"x{i}" if i else "x", relax.TensorType(shape, dtype))
+            for i, (shape, dtype) in enumerate(self.input_specs)
+        ]
+        with bb.function("main", params):
+            with bb.dataflow():
+                values = list(params)
+                for step in self.steps:
+                    args = [values[i] for i in step.inputs] + [relax.const(c) for c in step.consts]
+                    values.append(bb.emit_te(this[step.op], *args, primfunc_name_hint=step.op, **step.attrs))
+                out = bb.emit_output(values[-1])
+            bb.emit_func_output(out)
+        mod = bb.get()
+        return fuse(mod) if fused else mod

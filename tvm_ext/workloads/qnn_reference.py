@@ -1,0 +1,93 @@
+"""Exact NumPy integer reference of the quantized ops in :mod:`tvm_ext.workloads.qnn`.
+
+Every function has the same signature as its TE twin in ``qnn`` (activations first,
+then constant arrays, then keyword attributes), so a graph can be run through either.
+Convolutions and dense layers accumulate in float64 through BLAS: all products and
+partial sums are integers below 2**53, so the result is exact and fast.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+Q = 31  # fractional bits of the fixed-point multipliers (the seed's ``31``)
+
+
+def q_multiply_shift_per_axis(x, mult, lshift, rshift, q=Q, lshift_required=False):
+    """``tirx.q_multiply_shift_per_axis`` as TVM lowers it (src/target/intrin_rule.cc).
+
+    int64: optional ``x << lshift``, times ``mult``, plus ``1 << (rshift + q - 1)``,
+    arithmetic shift right by ``rshift + q``, truncated back to int32.
+    Parameters broadcast against the last axis of ``x``.
+    """
+    x = np.asarray(x).astype(np.int64)
+    if lshift_required:
+        x = x << np.asarray(lshift, np.int64)
+    total = np.asarray(rshift, np.int64) + q
+    x = x * np.asarray(mult, np.int64)
+    x = (x + (np.int64(1) << (total - 1))) >> total
+    return x.astype(np.int32)
+
+
+def _pad(x, pad, value):
+    widths = [(0, 0), (pad, pad), (pad, pad), (0, 0)]
+    return np.pad(x, widths, mode="constant", constant_values=value)
+
+
+def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0):
+    """Raw int32 accumulator of uint8 NHWC data x int8 HWIO weights; pads with ``zp_in``."""
+    kh, kw, _, cout = weight.shape
+    x = _pad(data, pad, zp_in).astype(np.float64)
+    n, hp, wp, _ = x.shape
+    ho, wo = (hp - kh) // stride + 1, (wp - kw) // stride + 1
+    w = weight.astype(np.float64)
+    acc = np.zeros((n, ho, wo, cout), np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i : i + stride * ho : stride, j : j + stride * wo : stride, :]
+            acc += patch @ w[i, j]
+    return acc.astype(np.int32)
+
+
+def dense(data, weight):
+    """Raw int32 accumulator of uint8 [N, K] data x int8 [units, K] weights."""
+    return (data.astype(np.float64) @ weight.astype(np.float64).T).astype(np.int32)
+
+
+def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out):
+    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, 0, 255)`` as uint8."""
+    x = acc.astype(np.int32) - zp_corr + bias
+    y = q_multiply_shift_per_axis(x, mult, lshift, rshift) + np.int32(zp_out)
+    return np.clip(y, 0, 255).astype(np.uint8)
+
+
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out):
+    """Residual add of two uint8 tensors, each requantized to the output scale."""
+    ra = q_multiply_shift_per_axis(a.astype(np.int32) - np.int32(zp_a), mult_a, 0, rshift_a)
+    rb = q_multiply_shift_per_axis(b.astype(np.int32) - np.int32(zp_b), mult_b, 0, rshift_b)
+    return np.clip(ra + rb + np.int32(zp_out), 0, 255).astype(np.uint8)
+
+
+def max_pool2d(data, *, size=3, stride=2, pad=1):
+    """Max pool over H and W of uint8 NHWC data, padding with 0 (the uint8 minimum)."""
+    x = _pad(data, pad, 0)
+    n, hp, wp, c = x.shape
+    ho, wo = (hp - size) // stride + 1, (wp - size) // stride + 1
+    out = np.zeros((n, ho, wo, c), data.dtype)
+    for i in range(size):
+        for j in range(size):
+            patch = x[:, i : i + stride * ho : stride, j : j + stride * wo : stride, :]
+            out = np.maximum(out, patch)
+    return out
+
+
+def global_avg_pool(data):
+    """Mean over H and W of uint8 NHWC data, rounded half up: ``(sum + hw/2) // hw``."""
+    n, h, w, c = data.shape
+    total = data.astype(np.int32).sum(axis=(1, 2))
+    return ((total + (h * w) // 2) // (h * w)).astype(np.uint8)
+
+
+def clip_fraction(x):
+    """Fraction of uint8 values at the ends of the range (0 or 255)."""
+    x = np.asarray(x)
+    return float(np.count_nonzero((x == 0) | (x == 255))) / max(x.size, 1)
