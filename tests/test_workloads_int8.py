@@ -1,0 +1,133 @@
+"""Quantized workloads: compiled with default schedules, they equal the NumPy reference
+bit for bit; their fused tasks keep the constant-scalar block."""
+import math
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_ext.workloads import conv2d_int8, qnn, qnn_reference, resnet50_int8
+
+LLVM = tvm.target.Target("llvm")
+SMALL_IMAGE = 32
+
+
+def _run_relax(workload):
+    exe = relax.build(workload.mod, target=LLVM)
+    vm = relax.VirtualMachine(exe, tvm.cpu())
+    return vm["main"](*(tvm.runtime.tensor(x) for x in workload.inputs)).numpy()
+
+
+def _const_scalar_blocks(func):
+    """Blocks with no reads and one write of a single-element buffer."""
+    sch = Schedule(tvm.IRModule({"main": func}))
+    found = []
+    for rv in sch.get_child_blocks(sch.get_sblock("root")):
+        block = sch.get(rv)
+        if block.reads or len(block.writes) != 1:
+            continue
+        shape = [int(d) for d in block.writes[0].source.shape]
+        if math.prod(shape) == 1:
+            found.append(block.name_hint)
+    return found
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return resnet50_int8.build(batch=1, image=SMALL_IMAGE, seed=0)
+
+
+def test_q_multiply_shift_per_axis_rounding_matches_tvm():
+    rng = np.random.RandomState(1)
+    n, c = 64, 16
+    x_np = rng.randint(-(2**30), 2**30, (n, c)).astype("int32")
+    x_np[0] = [-3, -2, -1, 0, 1, 2, 3, 2**31 - 1, -(2**31), 5, -5, 7, -7, 100, -100, 1]
+    mult_np = rng.randint(2**30, 2**31 - 1, c).astype("int32")
+    mult_np[:2] = [2**30, 2**31 - 1]
+    rshift_np = rng.randint(0, 24, c).astype("int32")
+    rshift_np[:2] = [0, 1]
+    x = te.placeholder((n, c), "int32", name="x")
+    mult, lshift, rshift = (te.placeholder((c,), "int32", name=s) for s in ("m", "l", "r"))
+    out = te.compute((n, c), lambda i, j: qnn._qmsa(x[i, j], mult[j], lshift[j], rshift[j]), name="out")
+    lib = tvm.compile(te.create_prim_func([x, mult, lshift, rshift, out]), target=LLVM)
+    args = [x_np, mult_np, np.full(c, 7, "int32"), rshift_np, np.zeros((n, c), "int32")]
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    lib(*tensors)
+    expected = qnn_reference.q_multiply_shift_per_axis(x_np, mult_np, 7, rshift_np)
+    np.testing.assert_array_equal(tensors[-1].numpy(), expected)
+
+
+def test_seed_conv_primfunc_matches_reference():
+    func = conv2d_int8.seed_conv_primfunc(image=6, channels=8, out_channels=16)
+    assert _const_scalar_blocks(func) == ["compile_engine_const"]
+    rng = np.random.RandomState(2)
+    data = rng.randint(0, 256, (1, 6, 6, 8)).astype("uint8")
+    weight = rng.randint(-127, 128, (3, 3, 8, 16)).astype("int8")
+    params = [
+        rng.randint(-5000, 5000, (1, 1, 1, 16)).astype("int32"),
+        rng.randint(-5000, 5000, (1, 1, 1, 16)).astype("int32"),
+        rng.randint(2**30, 2**31 - 1, 16).astype("int32"),
+        np.zeros(16, "int32"),
+        rng.randint(6, 10, 16).astype("int32"),
+    ]
+    out = tvm.runtime.tensor(np.zeros((1, 6, 6, 16), "uint8"))
+    lib = tvm.compile(func, target=LLVM)
+    lib(*(tvm.runtime.tensor(a) for a in [data, weight, *params]), out)
+    acc = qnn_reference.conv2d_nhwc(data, weight, stride=1, pad=1, zp_in=conv2d_int8.ZP_IN)
+    expected = qnn_reference.requantize(acc, *params, zp_out=conv2d_int8.ZP_OUT)
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+@pytest.mark.parametrize("kernel,stride", [(3, 1), (1, 2)])
+def test_conv2d_int8_exact(kernel, stride):
+    wl = conv2d_int8.build(batch=2, image=9, channels=16, out_channels=24, kernel=kernel, stride=stride)
+    assert wl.options["batch"] == 2 and wl.options["image"] == 9 and wl.options["seed"] == 0
+    ok, summary = wl.check(_run_relax(wl))
+    assert ok, summary
+
+
+def test_resnet50_int8_exact(resnet):
+    assert resnet.options == {"batch": 1, "image": SMALL_IMAGE, "seed": 0}
+    out = _run_relax(resnet)
+    assert out.shape == (1, 1000) and out.dtype == np.uint8
+    ok, summary = resnet.check(out)
+    assert ok, summary
+    assert len(np.unique(out)) > 10  # the classifier output is not constant
+
+
+def test_resnet50_int8_structure(resnet):
+    ops = [s.op for s in resnet.reference.steps]
+    assert ops.count("conv2d_nhwc") == 53
+    assert ops.count("add_requantize") == 16
+    assert ops.count("max_pool2d") == ops.count("global_avg_pool") == ops.count("dense") == 1
+
+
+def test_resnet50_int8_tasks_keep_constant_scalar_block(resnet):
+    tasks = ms.relax_integration.extract_tasks(resnet.mod, LLVM)
+    conv_tasks = [t for t in tasks if "conv2d_nhwc" in t.task_name]
+    assert len(conv_tasks) >= 20
+    assert sum(t.weight for t in conv_tasks) == 53
+    for task in conv_tasks:
+        (func,) = [f for f in task.dispatched[0].functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        blocks = _const_scalar_blocks(func)
+        expected = 2 if "add_requantize" in task.task_name else 1
+        assert len(blocks) == expected, (task.task_name, blocks)
+
+
+def test_resnet50_int8_clip_fractions_reasonable(resnet):
+    fractions = resnet.reference.clip_fractions(resnet.inputs)
+    assert len(fractions) == 53 + 16 + 1
+    values = np.array(list(fractions.values()))
+    assert values.max() < 0.35, fractions
+    assert values.mean() < 0.15, fractions
+
+
+def test_resnet50_int8_independent_of_batch():
+    one = resnet50_int8.network(batch=1, image=16, seed=3)
+    two = resnet50_int8.network(batch=2, image=16, seed=3)
+    out_one = one[0](one[1])
+    out_two = two[0](two[1])
+    np.testing.assert_array_equal(out_two[:1], out_one)
