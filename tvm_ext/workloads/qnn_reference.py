@@ -35,17 +35,21 @@ def _pad(x, pad, value):
 
 def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0):
     """Raw int32 accumulator of uint8 NHWC data x int8 HWIO weights; pads with ``zp_in``."""
-    kh, kw, _, cout = weight.shape
-    x = _pad(data, pad, zp_in).astype(np.float64)
+    kh, kw, cin, cout = weight.shape
+    x = _pad(data, pad, zp_in)
     n, hp, wp, _ = x.shape
     ho, wo = (hp - kh) // stride + 1, (wp - kw) // stride + 1
-    w = weight.astype(np.float64)
-    acc = np.zeros((n, ho, wo, cout), np.float64)
-    for i in range(kh):
-        for j in range(kw):
-            patch = x[:, i : i + stride * ho : stride, j : j + stride * wo : stride, :]
-            acc += patch @ w[i, j]
-    return acc.astype(np.int32)
+    w = weight.astype(np.float64).reshape(kh * kw * cin, cout)
+    out = np.empty((n, ho, wo, cout), np.int32)
+    for b in range(n):  # im2col one image at a time: one BLAS call, bounded memory
+        taps = [
+            x[b, i : i + stride * ho : stride, j : j + stride * wo : stride, :]
+            for i in range(kh)
+            for j in range(kw)
+        ]
+        cols = np.concatenate(taps, axis=-1).reshape(ho * wo, kh * kw * cin)
+        out[b] = (cols.astype(np.float64) @ w).reshape(ho, wo, cout)
+    return out
 
 
 def dense(data, weight):
