@@ -172,14 +172,14 @@ class _Step:
 
 
 def fixed_point(scale) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel real scales < 1 as (multiplier in [2**30, 2**31), right shift >= 0)."""
-    scale = np.minimum(np.asarray(scale, np.float64), (2.0**31 - 1) / 2.0**31)
-    frac, exp = np.frexp(scale)
-    mult = np.round(frac * 2.0**Q).astype(np.int64)
-    carry = mult == 2**Q
-    mult[carry] //= 2
-    exp = exp + carry
-    return mult.astype(np.int32), (-exp).astype(np.int32)
+    """Real scales in [0, 1) as (multiplier < 2**31, right shift in [0, 31]) with
+    ``scale ~= multiplier * 2**-(31 + shift)``; the multiplier is >= 2**30 unless the
+    shift saturates."""
+    scale = np.asarray(scale, np.float64)
+    _, exp = np.frexp(scale)  # scale = frac * 2**exp, frac in [0.5, 1)
+    rshift = np.clip(-exp, 0, 31)
+    mult = np.minimum(np.round(scale * 2.0 ** (Q + rshift)), 2**31 - 1)
+    return mult.astype(np.int32), rshift.astype(np.int32)
 
 
 def random_images(batch: int, size: int, channels: int, seed: int) -> np.ndarray:
