@@ -266,7 +266,8 @@ class QuantGraph:
             rms = max(float(np.sqrt(np.mean((v.sample.astype(np.float64) - v.zp) ** 2))), 1.0)
             mult, rshift = fixed_point(np.full(c, TARGET_RMS / (rms * np.sqrt(2.0))))
             consts += [mult, rshift]
-        return self._emit(name, "add_requantize", [a, b], consts, zp=zp_out, zp_a=a.zp, zp_b=b.zp, zp_out=zp_out)
+        zps = {"zp_a": a.zp, "zp_b": b.zp, "zp_out": zp_out}
+        return self._emit(name, "add_requantize", [a, b], consts, zp=zp_out, **zps)
 
     def max_pool(self, x: Value, name="maxpool"):
         """3x3 / 2 max pool, pad 1."""
