@@ -1,0 +1,287 @@
+"""VerifyGPUCode: reject GPU candidates that would not compile or run, and say why.
+
+Pattern: any scheduled candidate for a CUDA target. The candidate is lowered as
+TVM's GPU build lowers it -- including ``LowerIntrin``, which expands
+``q_multiply_shift`` / ``q_multiply_shift_per_axis`` into int64 arithmetic -- and
+then checked for: threads per block, shared memory per block, virtual threads,
+thread-extent annotations of MetaSchedule, and the byte width of every vector it
+finds in loads, stores *and Cast nodes*. A requantize loop vectorized by 4 casts to
+``int64x4`` (32 bytes) after lowering; a check that looks only at loads and stores
+accepts it and the candidate then fails in codegen.
+
+Why our own: TVM's built-in postproc returns a bare bool. This one keeps a counter
+of rejection reasons (``reason_counts()``) that a tuning run can print, and the
+last detailed message per reason. Differences from the built-in are deliberate and
+listed in tests/test_verify_gpu_code.py.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir.expr import TensorLoad
+from tvm.ir.utils import derived_object
+from tvm.s_tir import transform as stx
+from tvm.s_tir.meta_schedule.postproc import PyPostproc
+from tvm.s_tir.stmt import SBlock
+from tvm.tirx import transform as ttx
+
+from tvm_ext.tir_utils import collect, dtype_bytes, dtype_lanes, prim_funcs
+
+REQUIRED_TARGET_ATTRS = ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")
+MAX_VTHREAD = 8
+MAX_VECTOR_BYTES = 16
+
+# Reasons, as counted keys.
+THREADS = "threads_per_block"
+SHARED = "shared_memory"
+VTHREAD = "vthread"
+VECTOR_LOAD = "vector_width:load"
+VECTOR_STORE = "vector_width:store"
+VECTOR_CAST = "vector_width:cast"
+THREAD_ANNOTATION = "thread_extent_annotation"
+LOWERING = "lowering_failed"
+
+
+def lowering_passes() -> list:
+    """The GPU lowering pipeline up to LowerIntrin, as TVM's build runs it."""
+    return [
+        stx.LowerCrossThreadReduction(),
+        stx.LowerInitBlock(),
+        stx.PlanAndUpdateBufferAllocationLocation(),
+        stx.ConvertBlocksToOpaque(),
+        stx.LiftThreadBinding(),
+        stx.ManifestSharedMemoryLocalStage(),
+        stx.CompactBufferAllocation(),
+        ttx.StmtSimplify(),
+        stx.LowerAutoCopy(),
+        stx.UnifyThreadBinding(),
+        stx.LowerMatchBuffer(),
+        stx.InjectSoftwarePipeline(),
+        stx.LowerOpaqueBlock(),
+        ttx.FlattenBuffer(),
+        ttx.BF16ComputeLegalize(),
+        ttx.NarrowDataType(32),
+        ttx.StmtSimplify(),
+        ttx.VectorizeLoop(True),
+        stx.InjectVirtualThread(),
+        stx.InjectDoubleBuffer(),
+        ttx.StorageRewrite(),
+        stx.MergeSharedMemoryAllocations(),
+        ttx.LowerIntrin(),
+    ]
+
+
+def lower_for_gpu(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> tirx.PrimFunc:
+    """Lower one scheduled PrimFunc far enough to see what the GPU code will do."""
+    func = func.with_attr("global_symbol", name).with_attr("target", target)
+    func = func.with_attr("tirx.noalias", True)
+    mod = tvm.IRModule({name: func})
+    with tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential(lowering_passes())(mod)
+    return mod[name]
+
+
+def target_limits(target: tvm.target.Target) -> dict:
+    """The limits checked, read from the target; a missing attribute is a ValueError."""
+    limits = {}
+    for attr in REQUIRED_TARGET_ATTRS:
+        value = target.attrs.get(attr)
+        if value is None:
+            raise ValueError(
+                f"VerifyGPUCode: target {target.kind.name!r} has no {attr!r}; give it in the target, "
+                f'e.g. {{"kind": "cuda", "arch": "sm_80", "max_threads_per_block": 1024, '
+                f'"max_shared_memory_per_block": 49152, "thread_warp_size": 32}}'
+            )
+        limits[attr] = int(value)
+    return limits
+
+
+def _thread_tag(loop: tirx.For):
+    binding = loop.thread_binding
+    return None if binding is None else str(binding.thread_tag)
+
+
+def check_thread_annotations(func: tirx.PrimFunc, warp_size: int):
+    """Check MetaSchedule's thread-extent bounds on blocks and the vthread product.
+
+    Works on the scheduled (unlowered) function, where loops still carry their
+    thread bindings. Returns (reason, message) or None.
+    """
+    extents: dict = {}  # thread tag -> extent of the enclosing bound loop
+    problems: list = []
+
+    def scoped(updates: dict, node, visitor):
+        saved = dict(extents)
+        extents.update(updates)
+        result = visitor.default_visit(node)
+        extents.clear()
+        extents.update(saved)
+        return result
+
+    def on_loop(loop, visitor):
+        tag = _thread_tag(loop)
+        if tag is None or not (tag.startswith("threadIdx") or tag.startswith("vthread")):
+            return visitor.default_visit(loop)
+        if not isinstance(loop.extent, tirx.IntImm):
+            problems.append((THREAD_ANNOTATION, f"dynamic extent of {tag}"))
+            return None
+        extent = int(loop.extent.value)
+        if tag.startswith("vthread"):
+            others = [v for k, v in extents.items() if k.startswith("vthread") and k != tag]
+            vthreads = _product(others + [extent])
+            if vthreads > MAX_VTHREAD:
+                problems.append((VTHREAD, f"{vthreads} virtual threads > {MAX_VTHREAD}"))
+        return scoped({tag: extent}, loop, visitor)
+
+    def on_block(block, visitor):
+        inner = dict(extents)
+        if "warp_execution" in block.annotations:
+            inner["threadIdx.x"] = warp_size
+        low = block.annotations.get("meta_schedule.thread_extent_low_inclusive")
+        high = block.annotations.get("meta_schedule.thread_extent_high_inclusive")
+        if low is not None and high is not None:
+            count = _product(inner.get(k, 1) for k in ("threadIdx.x", "threadIdx.y", "threadIdx.z"))
+            if not int(low) <= count <= int(high):
+                problems.append((THREAD_ANNOTATION,
+                                 f"{count} threads outside [{int(low)}, {int(high)}] "
+                                 f"required by block {block.name_hint!r}"))
+        return scoped(inner, block, visitor)
+
+    tvm_ffi.structural_visit(func.body, [(tirx.For, on_loop), (SBlock, on_block)])
+    return problems[0] if problems else None
+
+
+def _product(values) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+def check_lowered(func: tirx.PrimFunc, limits: dict) -> tuple[str, str] | None:
+    """Check a lowered function; returns (reason, message) or None when it passes."""
+    # Threads per block: each kernel is an outermost thread_extent scope.
+    for kernel in _kernels(func.body):
+        threads = {}
+        for attr in [kernel] + collect(kernel.body, tirx.AttrStmt):
+            if attr.attr_key != "thread_extent":
+                continue
+            tag = str(attr.node.thread_tag)
+            if tag.startswith("threadIdx") and isinstance(attr.value, tirx.IntImm):
+                threads[tag] = max(threads.get(tag, 1), int(attr.value.value))
+        total = 1
+        for ext in threads.values():
+            total *= ext
+        if total > limits["max_threads_per_block"]:
+            return THREADS, f"{total} threads per block > {limits['max_threads_per_block']}"
+        shared = 0
+        for alloc in collect(kernel, tirx.stmt.AllocBuffer):
+            buf = alloc.buffer
+            if buf.scope() in ("shared", "shared.dyn"):
+                size = dtype_bytes(buf.dtype)
+                for ext in buf.shape:
+                    size *= int(ext) if isinstance(ext, tirx.IntImm) else 1
+                shared += size
+        if shared > limits["max_shared_memory_per_block"]:
+            return SHARED, f"{shared} bytes of shared memory > {limits['max_shared_memory_per_block']}"
+    for load in collect(func.body, TensorLoad):
+        if dtype_lanes(load.ty) > 1 and dtype_bytes(load.ty) > MAX_VECTOR_BYTES:
+            return VECTOR_LOAD, f"vector load {load.ty} of {dtype_bytes(load.ty)} bytes > {MAX_VECTOR_BYTES}"
+    for store in collect(func.body, tirx.BufferStore):
+        ty = store.value.ty
+        if dtype_lanes(ty) > 1 and dtype_bytes(ty) > MAX_VECTOR_BYTES:
+            return VECTOR_STORE, f"vector store {ty} of {dtype_bytes(ty)} bytes > {MAX_VECTOR_BYTES}"
+    for cast in collect(func.body, tirx.Cast):
+        for ty in (cast.ty, cast.value.ty):
+            if dtype_lanes(ty) > 1 and dtype_bytes(ty) > MAX_VECTOR_BYTES:
+                return VECTOR_CAST, f"vector cast {cast.value.ty} -> {cast.ty}: {ty} is {dtype_bytes(ty)} bytes > {MAX_VECTOR_BYTES}"
+    return None
+
+
+def _kernels(stmt) -> list:
+    """Outermost thread_extent AttrStmts: one per kernel launch."""
+    found = []
+
+    def visit(node, visitor):
+        if isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
+            found.append(node)
+            return None  # prune: nested ones belong to this kernel
+        return visitor.default_visit(node)
+
+    tvm_ffi.structural_visit(stmt, [(tirx.Stmt, visit)])
+    return found
+
+
+class ReasonLog:
+    """Thread-safe counter of rejection reasons, shared by a postproc and its clones."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: Counter = Counter()
+        self.examples: dict = {}
+        self.checked = 0
+
+    def record(self, verdict) -> None:
+        with self.lock:
+            self.checked += 1
+            if verdict is not None:
+                reason, message = verdict
+                self.counts[reason] += 1
+                self.examples[reason] = message
+
+
+def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict):
+    """Verdict for a scheduled module: None if accepted, else (reason, message)."""
+    for name, func in prim_funcs(mod):
+        verdict = check_thread_annotations(func, limits["thread_warp_size"])
+        if verdict is not None:
+            return verdict
+        try:
+            lowered = lower_for_gpu(func, name, target)
+        except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
+            return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
+        verdict = check_lowered(lowered, limits)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+@derived_object
+class VerifyGPUCode(PyPostproc):
+    """Postproc: accept a candidate only if its lowered GPU code fits the target."""
+
+    def __init__(self, log: ReasonLog | None = None) -> None:
+        super().__init__()
+        self.log = log if log is not None else ReasonLog()
+        self.target = None
+        self.limits = None
+
+    def _initialize_with_tune_context(self, context) -> None:
+        if context.target is None:
+            raise ValueError("VerifyGPUCode: the tune context has no target")
+        self.target = context.target
+        self.limits = target_limits(context.target)
+
+    def apply(self, sch) -> bool:
+        verdict = verify(sch.mod, self.target, self.limits)
+        self.log.record(verdict)
+        return verdict is None
+
+    def clone(self):
+        other = VerifyGPUCode(self.log)
+        other.target, other.limits = self.target, self.limits
+        return other
+
+    def reason_counts(self) -> dict:
+        """Rejections so far by reason (shared with every clone)."""
+        with self.log.lock:
+            return dict(self.log.counts)
+
+    def reason_examples(self) -> dict:
+        """The last detailed message recorded for each reason."""
+        with self.log.lock:
+            return dict(self.log.examples)

@@ -1,0 +1,6 @@
+"""tvm_ext schedule rules, one per file (installed as ``tvm_ext.rules``)."""
+from .apply_block_attr import ApplyBlockAttrRule, register_custom_rules
+from .inline_constant_scalars import InlineConstantScalars, is_constant_scalar_block
+
+__all__ = ["ApplyBlockAttrRule", "InlineConstantScalars", "is_constant_scalar_block",
+           "register_custom_rules"]

@@ -1,0 +1,124 @@
+"""ApplyBlockAttrRule: honour ``T.sblock_attr({"schedule_rule": NAME})`` annotations.
+
+Pattern: a block annotated with a schedule_rule name, e.g. a constant block that a
+frontend marked ``"compute_inline"`` instead of relying on its name.
+
+Why: TVM's ApplyCustomRule looks the name up as ``s_tir.meta_schedule.<key>.<name>``
+for the target's keys only (``cpu`` for llvm, ``cuda``/``gpu`` for cuda) and TVM
+registers no ``compute_inline`` function at all. This module registers
+``compute_inline`` and ``reverse_compute_inline`` for the ``cpu``, ``gpu``, ``cuda``
+and ``generic`` keys (so TVM's own ApplyCustomRule finds them), and provides a rule
+that also tries the ``generic`` key. An unknown name gives a warning naming every
+function looked up and leaves the block as is.
+
+PostOrderApply skips annotated blocks for every rule except TVM's ApplyCustomRule,
+so this rule handles all annotated blocks of the function whenever it is applied
+to any block; `tvm_ext.space` keeps TVM's ApplyCustomRule after it for functions
+whose blocks are all annotated.
+"""
+from __future__ import annotations
+
+import warnings
+
+import tvm
+import tvm_ffi
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
+from tvm.s_tir.schedule import ScheduleError
+
+from tvm_ext.tir_utils import blocks_of, prim_funcs
+
+ANNOTATION = "schedule_rule"
+CUSTOM_RULE_KEYS = ("cpu", "gpu", "cuda", "generic")
+
+
+def custom_rule_name(key: str, rule: str) -> str:
+    """Global-registry name TVM's ApplyCustomRule looks up for ``rule`` under ``key``."""
+    return f"s_tir.meta_schedule.{key}.{rule}"
+
+
+def _inliner(primitive: str):
+    def apply_inline(sch, block):
+        try:
+            getattr(sch, primitive)(block)
+        except ScheduleError as err:
+            warnings.warn(f"tvm_ext: {primitive} of block {sch.get(block).name_hint!r} failed; "
+                          f"left as is ({str(err).splitlines()[0]})")
+            sch.unannotate(block, ANNOTATION)
+        return [sch]
+
+    return apply_inline
+
+
+def register_custom_rules() -> None:
+    """Register compute_inline / reverse_compute_inline for every key (idempotent)."""
+    for rule in ("compute_inline", "reverse_compute_inline"):
+        for key in CUSTOM_RULE_KEYS:
+            tvm_ffi.register_global_func(custom_rule_name(key, rule), _inliner(rule), override=True)
+
+
+def _lookup(rule: str, keys) -> tuple:
+    names = [custom_rule_name(key, rule) for key in keys]
+    for name in names:
+        func = tvm.get_global_func(name, allow_missing=True)
+        if func is not None:
+            return func, names
+    return None, names
+
+
+def _first_annotated(sch):
+    for func_name, func in prim_funcs(sch.mod):
+        for block in blocks_of(func):
+            rule = block.annotations.get(ANNOTATION)
+            if rule is not None and str(rule) != "None":
+                return sch.get_sblock(block.name_hint, func_name=func_name), str(rule)
+    return None, None
+
+
+def apply_block_attr_rules(sch, keys) -> list:
+    """Apply the custom rule of every annotated block; returns the resulting schedules."""
+    block, rule = _first_annotated(sch)
+    if block is None:
+        return [sch]
+    func, looked_up = _lookup(rule, keys)
+    if func is None:
+        warnings.warn(f"tvm_ext: unknown schedule rule {rule!r} on block "
+                      f"{sch.get(block).name_hint!r}; looked up: {', '.join(looked_up)}")
+        sch.unannotate(block, ANNOTATION)
+        results = [sch]
+    else:
+        results = list(func(sch, block))
+    done = []
+    for result in results:
+        if result.mod is not None and _still_annotated(result, block):
+            result.unannotate(block, ANNOTATION)  # guarantee progress
+        done.extend(apply_block_attr_rules(result, keys))
+    return done
+
+
+def _still_annotated(sch, block) -> bool:
+    try:
+        return ANNOTATION in sch.get(block).annotations
+    except Exception:  # the block was inlined away: its RV no longer resolves
+        return False
+
+
+@derived_object
+class ApplyBlockAttrRule(PyScheduleRule):
+    """Schedule rule: run the custom rule named by each block's schedule_rule annotation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys = ("generic",)
+
+    def _initialize_with_tune_context(self, context) -> None:
+        target_keys = [str(k) for k in context.target.keys] if context.target is not None else []
+        self.keys = tuple(target_keys) + ("generic",)
+
+    def apply(self, sch, block):
+        return apply_block_attr_rules(sch, self.keys)
+
+    def clone(self):
+        other = ApplyBlockAttrRule()
+        other.keys = self.keys
+        return other

@@ -1,0 +1,306 @@
+"""VNNITensorize: uint8 x int8 -> int32 reductions on x86 VNNI, epilogue kept fused.
+
+What it does, per block:
+1. If the block's innermost iterators can be mapped onto the VNNI dot product
+   ``C[i] += A[k] * B[i, k]`` (i: 16 int32 lanes, k: 4 uint8 x int8 pairs) -- i.e. the
+   block reads 4 consecutive uint8 of the activation and a [16][4] int8 tile of the
+   weight, as the packed layouts of ``tvm_ext.workloads.qnn_vnni`` give -- it is tiled
+   by TVM's MultiLevelTilingWithIntrin (structure SSRSRS, write cache at tile level 1
+   or 2) and annotated for tensorization; ``RewriteTensorize`` (see ``vnni_postprocs``)
+   then replaces the inner 16x4 block by the intrinsic.
+2. The requantize epilogue is folded into the write-back of that cache
+   (``reverse_compute_inline``), so the int32 accumulators never go to memory and the
+   conv/dense + requantize is one loop nest. MultiLevelTiling alone does not do this
+   on CPU when the epilogue reads other buffers (per-channel multipliers): it adds a
+   cache and leaves the epilogue as a second loop nest.
+3. Anything else is returned untouched for the next rule (TVM's MultiLevelTiling);
+   blocks we tiled carry the ``meta_schedule.tiling_structure`` annotation, so that
+   rule skips them.
+
+Intrinsics (registered here, on first use, with the description of TVM's
+``dot_16x4_vnni``): AVX-512 VNNI targets use ``tvm_ext.dot_16x4_avx512vnni`` (one
+512-bit ``vpdpbusd``); AVX-VNNI-only targets (Alder Lake and later client CPUs) use
+``tvm_ext.dot_16x4_avxvnni``, two 256-bit (VEX-encoded) ``vpdpbusd``, so one packed
+weight layout serves both. TVM's own ``dot_16x4_vnni`` cannot be used with the LLVM
+the 0.27 wheel bundles (see _operand_style).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import List, Optional
+
+from tvm import tirx
+from tvm.ir.utils import derived_object
+from tvm.s_tir import TensorIntrin
+from tvm.s_tir.meta_schedule.postproc import Postproc, RewriteTensorize
+from tvm.s_tir.meta_schedule.schedule_rule import (
+    MultiLevelTilingWithIntrin,
+    PyScheduleRule,
+    ReuseType,
+    ScheduleRule,
+)
+from tvm.s_tir.schedule import ScheduleError
+from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
+from tvm.s_tir.tensor_intrin import x86 as _x86  # registers dot_16x4_vnni
+from tvm.script import tirx as T
+
+AVX512_VNNI_INTRIN = "tvm_ext.dot_16x4_avx512vnni"
+AVX_VNNI_INTRIN = "tvm_ext.dot_16x4_avxvnni"
+AUTO_TENSORIZE_ATTR = "meta_schedule.auto_tensorize"
+
+
+# --------------------------------------------------------------------------- intrinsics
+# LLVM 21+ declares vpdpbusd on byte vectors, e.g. llvm.x86.avx512.vpdpbusd.512(<16 x i32>,
+# <64 x i8>, <64 x i8>); older LLVM on int32 vectors. TVM 0.27's own "dot_16x4_vnni"
+# passes int32 vectors and fails LLVM verification with the LLVM 22 that the wheel
+# bundles ("Call parameter type does not match function signature"), so we register our
+# own implementations for the operand style this LLVM wants (probed once, see
+# _operand_style), under the same 16x4 description.
+
+
+def _make_impl(instr_lanes: int, byte_operands: bool):
+    """16x4 u8.s8->s32 dot product as 16 // instr_lanes vpdpbusd of instr_lanes lanes."""
+    n_calls = 16 // instr_lanes
+    nbytes = 4 * instr_lanes
+    name = f"llvm.x86.avx512.vpdpbusd.{instr_lanes * 32}"
+    acc_t, u8_t, i8_t = f"int32x{instr_lanes}", f"uint8x{nbytes}", f"int8x{nbytes}"
+
+    def a_operand(a4):  # the 4 activation bytes, as an int32, broadcast to every lane
+        return tirx.reinterpret(u8_t, a4) if byte_operands else a4
+
+    def b_operand(b_bytes):  # 4 * lanes weight bytes: [lane][4]
+        return b_bytes if byte_operands else tirx.reinterpret(acc_t, b_bytes)
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        a: T.Buffer((4,), "uint8", offset_factor=1),
+        b: T.Buffer((16, 4), "int8", offset_factor=1),
+        c: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+            T.writes(c[0:16])
+            a4 = T.broadcast(T.reinterpret(a.vload([0], "uint8x4"), dtype="int32"), instr_lanes)
+            for h in T.unroll(n_calls):
+                c[T.ramp(h * instr_lanes, 1, instr_lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(name),
+                    c.vload([h * instr_lanes], dtype=acc_t),
+                    a_operand(a4),
+                    b_operand(b.vload([h * instr_lanes, 0], dtype=i8_t)),
+                    dtype=acc_t,
+                )
+
+    return impl
+
+
+@lru_cache(maxsize=1)
+def _operand_style() -> bool:
+    """True when this LLVM wants byte-vector operands for vpdpbusd (probed by compiling)."""
+    import tvm  # pylint: disable=import-outside-toplevel
+    from tvm.target import codegen  # pylint: disable=import-outside-toplevel
+
+    first = codegen.llvm_version_major() >= 21
+    for style in (first, not first):
+        func = _make_impl(16, style).with_attr("global_symbol", "probe")
+        try:
+            tvm.compile(
+                tvm.IRModule({"probe": func}),
+                target=tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"}),
+            )
+            return style
+        except Exception:  # pylint: disable=broad-except
+            continue
+    return first
+
+
+def _register(name: str, instr_lanes: int) -> str:
+    try:
+        TensorIntrin.get(name)
+        return name
+    except Exception:  # pylint: disable=broad-except
+        pass
+    desc = TensorIntrin.get(_x86.VNNI_DOT_16x4_INTRIN).desc  # C[i] += A[k] * B[i, k], 16x4
+    try:
+        TensorIntrin.register(name, desc, _make_impl(instr_lanes, _operand_style()))
+    except Exception:  # pylint: disable=broad-except
+        TensorIntrin.get(name)  # registered meanwhile under the same name
+    return name
+
+
+def avx512_vnni_intrin() -> str:
+    """Register (once) and name the 16x4 intrinsic as one 512-bit vpdpbusd."""
+    return _register(AVX512_VNNI_INTRIN, 16)
+
+
+def avx_vnni_intrin() -> str:
+    """Register (once) and name the 16x4 intrinsic as two 256-bit (VEX) vpdpbusd."""
+    return _register(AVX_VNNI_INTRIN, 8)
+
+
+def vnni_intrin_name(target) -> Optional[str]:
+    """Name of the tensor intrinsic for ``target``: AVX-512 VNNI first, then AVX-VNNI."""
+    from tvm_ext.targets import vnni_kinds  # pylint: disable=import-outside-toplevel
+
+    kinds = vnni_kinds(target)
+    if "avx512vnni" in kinds:
+        return avx512_vnni_intrin()
+    if "avxvnni" in kinds:
+        return avx_vnni_intrin()
+    return None
+
+
+# --------------------------------------------------------------------------- rule
+def _find_tensorized_block(sch, name: str):
+    """The outer (blockized) block that MultiLevelTilingWithIntrin made from ``name``."""
+    try:
+        return sch.get_sblock(f"{name}_o")
+    except Exception:  # pylint: disable=broad-except
+        return None
+
+
+def fuse_epilogue(sch, outer_block, max_depth: int = 4) -> int:
+    """Fold the elementwise consumers of a tiled reduction into its cache write-back.
+
+    ``outer_block`` writes a cache that a copy block, placed inside the tile loops,
+    writes back; its consumer (the requantize epilogue) is reverse-compute-inlined
+    into that copy, then the next consumer, up to ``max_depth``. Returns how many
+    blocks were folded; stops quietly at the first one that cannot be.
+    """
+    folded = 0
+    consumers = sch.get_consumers(outer_block)
+    if len(consumers) != 1:
+        return 0
+    writeback = consumers[0]
+    for _ in range(max_depth):
+        nxt = sch.get_consumers(writeback)
+        if len(nxt) != 1:
+            break
+        try:
+            sch.reverse_compute_inline(nxt[0])
+        except ScheduleError:
+            break
+        folded += 1
+    return folded
+
+
+@derived_object
+class VNNITensorize(PyScheduleRule):
+    """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI, epilogue fused.
+
+    Parameters
+    ----------
+    intrin_name: tensor intrinsic ("dot_16x4_vnni" or "tvm_ext.dot_16x4_avxvnni").
+    max_innermost_factor: as in MultiLevelTiling.
+    fuse: fold the elementwise epilogue into the tile (see module doc).
+    """
+
+    def __init__(self, intrin_name: str = AVX512_VNNI_INTRIN, max_innermost_factor: int = 64,
+                 fuse: bool = True) -> None:
+        super().__init__()
+        if intrin_name in (AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN):
+            _register(intrin_name, 16 if intrin_name == AVX512_VNNI_INTRIN else 8)
+        self.intrin_name = intrin_name
+        self.max_innermost_factor = max_innermost_factor
+        self.fuse = fuse
+        self._desc = TensorIntrin.get(intrin_name).desc
+        self._mlt = MultiLevelTilingWithIntrin(
+            intrin_name,
+            structure="SSRSRS",
+            tile_binds=None,
+            max_innermost_factor=max_innermost_factor,
+            vector_load_lens=None,
+            reuse_read=None,
+            # "must": always a cache whose write-back can take the epilogue
+            reuse_write=ReuseType(req="must", levels=[1, 2], scope="global"),
+        )
+        self._context = None
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self._context = context
+        self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
+
+    def apply(self, sch, block):
+        try:
+            if get_auto_tensorize_mapping_info(sch, block, self._desc) is None:
+                return [sch]
+        except Exception:  # pylint: disable=broad-except
+            return [sch]
+        name = sch.get(block).name_hint
+        try:
+            results = list(self._mlt.apply(sch, block))
+        except Exception:  # pylint: disable=broad-except
+            return [sch]
+        out = []
+        for res in results:
+            outer = _find_tensorized_block(res, name)
+            if outer is None:
+                continue  # not tensorized after all
+            if self.fuse:
+                fuse_epilogue(res, outer)
+            out.append(res)
+        return out or [sch]
+
+    def clone(self) -> ScheduleRule:
+        return VNNITensorize(self.intrin_name, self.max_innermost_factor, self.fuse)
+
+
+# --------------------------------------------------------------------------- presets
+def vnni_rules(target) -> List[ScheduleRule]:
+    """Rules to insert **before** MultiLevelTiling in an llvm rule list.
+
+    Empty when the target has no VNNI (non-x86, no AVX-512 VNNI / AVX-VNNI, cuda).
+    """
+    intrin = vnni_intrin_name(target)
+    return [VNNITensorize(intrin)] if intrin else []
+
+
+def vnni_postprocs(target) -> List[Postproc]:
+    """Postprocessors the rule needs (RewriteTensorize); empty without VNNI."""
+    return [RewriteTensorize(vectorize_init_loop=True)] if vnni_intrin_name(target) else []
+
+
+def with_vnni(rules: List[ScheduleRule], postprocs: List[Postproc], target):
+    """(rules, postprocs) with the VNNI pieces inserted.
+
+    VNNITensorize goes right before the first MultiLevelTiling (else before
+    ParallelizeVectorizeUnroll, else at the end); RewriteTensorize right after
+    RewriteReductionBlock (it tensorizes the update block that one splits from the
+    init), else at the end. Copies of the lists, unchanged when the target has no VNNI.
+    """
+    extra_rules, extra_posts = vnni_rules(target), vnni_postprocs(target)
+    if not extra_rules:
+        return list(rules), list(postprocs)
+    rules = list(rules)
+    names = [type(r).__name__ for r in rules]
+    idx = next((i for i, n in enumerate(names) if n == "MultiLevelTiling"), None)
+    if idx is None:
+        idx = next((i for i, n in enumerate(names) if n == "ParallelizeVectorizeUnroll"), len(rules))
+    rules[idx:idx] = extra_rules
+    posts = list(postprocs)
+    pnames = [type(p).__name__ for p in posts]
+    # RewriteTensorize runs after RewriteReductionBlock (it tensorizes the update block
+    # that one separates from the init) and before RewriteLayout
+    pidx = next((i + 1 for i, n in enumerate(pnames) if n == "RewriteReductionBlock"), len(posts))
+    posts[pidx:pidx] = extra_posts
+    return rules, posts
+
+
+def vnni_space(target):
+    """TVM's default llvm rules and postprocs with the VNNI pieces (for tests/tools)."""
+    from tvm.s_tir.meta_schedule.space_generator import PostOrderApply  # pylint: disable=import-outside-toplevel
+
+    rules, posts = with_vnni(ScheduleRule.create("llvm"), Postproc.create("llvm"), target)
+    return PostOrderApply(sch_rules=rules, postprocs=posts, mutator_probs="llvm")
+
+
+__all__ = [
+    "AVX512_VNNI_INTRIN",
+    "AVX_VNNI_INTRIN",
+    "VNNITensorize",
+    "fuse_epilogue",
+    "vnni_intrin_name",
+    "vnni_rules",
+    "vnni_postprocs",
+    "with_vnni",
+    "vnni_space",
+]

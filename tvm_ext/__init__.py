@@ -1,0 +1,27 @@
+"""tvm_ext: MetaSchedule schedule rules and postprocessors for quantized workloads.
+
+Quick use::
+
+    import tvm_ext
+    from tvm.s_tir import meta_schedule as ms
+    ms.tune_tir(mod, target, work_dir, max_trials_global=64, space=tvm_ext.space(target))
+"""
+from __future__ import annotations
+
+from . import postprocs, rules
+from .registration import register_all
+from .rulesets import RULESETS, default_postprocs, default_rules, space
+
+__version__ = "0.1.0"
+
+REGISTERED = register_all()
+
+__all__ = ["RULESETS", "default_postprocs", "default_rules", "postprocs", "rules", "space"]
+
+
+def __getattr__(name):  # lazy: workloads and tuning pull in relax
+    if name in ("workloads", "tuning"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(name)

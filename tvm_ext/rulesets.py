@@ -1,0 +1,87 @@
+"""Rule sets: TVM's defaults for a target with ours in place of the built-in pieces.
+
+``plugin``           TVM's default rules/postprocs, with our ApplyBlockAttrRule in front
+                     of TVM's ApplyCustomRule, our InlineConstantScalars in place of
+                     TVM's, and our VerifyGPUCode in place of TVM's (cuda).
+``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
+``upstream``         TVM's built-in defaults, untouched.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+RULESETS = ("plugin", "no-inline-const", "upstream")
+
+
+def target_kind(target: tvm.target.Target) -> str:
+    """The MetaSchedule default-rule kind for a target: ``llvm`` or ``cuda``."""
+    kind = target.kind.name
+    if kind not in ("llvm", "cuda"):
+        raise ValueError(f"tvm_ext supports llvm and cuda targets, not {kind!r}")
+    return kind
+
+
+def check_ruleset(ruleset: str) -> str:
+    if ruleset not in RULESETS:
+        raise ValueError(f"unknown ruleset {ruleset!r}; choose one of {', '.join(RULESETS)}")
+    return ruleset
+
+
+def _name(obj) -> str:
+    return type(obj).__name__
+
+
+def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
+    """Schedule rules for ``target`` under ``ruleset`` (see module doc)."""
+    from tvm_ext.rules import ApplyBlockAttrRule, InlineConstantScalars
+
+    kind = target_kind(target)
+    upstream = list(ms.ScheduleRule.create(kind))
+    if check_ruleset(ruleset) == "upstream":
+        return upstream
+    rules = []
+    for rule in upstream:
+        name = _name(rule)
+        if name == "ApplyCustomRule":
+            rules += [ApplyBlockAttrRule(), rule]
+        elif name == "InlineConstantScalars":
+            if ruleset == "plugin":
+                rules.append(InlineConstantScalars())
+        else:
+            rules.append(rule)
+    if ruleset == "plugin" and kind == "llvm":
+        rules = _with_vnni(target, rules)
+    return rules
+
+
+def _with_vnni(target, rules: list) -> list:
+    """Put the VNNI tensorization rules before MultiLevelTiling where the target has VNNI."""
+    try:
+        from tvm_ext.rules.vnni_tensorize import vnni_rules
+    except ImportError:
+        return rules
+    extra = list(vnni_rules(target))
+    if not extra:
+        return rules
+    at = next((i for i, r in enumerate(rules) if _name(r) == "MultiLevelTiling"), len(rules))
+    return rules[:at] + extra + rules[at:]
+
+
+def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> list:
+    """Postprocessors for ``target`` under ``ruleset`` (ours replace VerifyGPUCode)."""
+    from tvm_ext.postprocs import VerifyGPUCode
+
+    upstream = list(ms.Postproc.create(target_kind(target)))
+    if check_ruleset(ruleset) == "upstream":
+        return upstream
+    return [VerifyGPUCode() if _name(p) == "VerifyGPUCode" else p for p in upstream]
+
+
+def space(target: tvm.target.Target, ruleset: str = "plugin") -> ms.space_generator.PostOrderApply:
+    """A PostOrderApply design-space generator with the rule set's rules and postprocs."""
+    return ms.space_generator.PostOrderApply(
+        sch_rules=default_rules(target, ruleset),
+        postprocs=default_postprocs(target, ruleset),
+        mutator_probs=target_kind(target),
+    )

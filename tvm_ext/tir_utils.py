@@ -1,0 +1,70 @@
+"""Small TIR queries shared by the rules, postprocs and reports.
+
+TVM 0.27 has no ``tirx.stmt_functor.post_order_visit``; traversal goes through
+``tvm_ffi.structural_walk`` / ``structural_visit`` instead.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir.expr import TensorLoad
+from tvm.s_tir.stmt import SBlock, SBlockRealize
+
+
+def collect(node, node_type) -> list:
+    """All sub-nodes of ``node`` of ``node_type``, in post order."""
+    found = []
+    tvm_ffi.structural_walk(node, [(node_type, found.append)])
+    return found
+
+
+def has_load_or_var(expr) -> bool:
+    """True when ``expr`` reads a buffer or mentions any variable."""
+    return bool(collect(expr, TensorLoad) or collect(expr, tvm.ir.expr.Var))
+
+
+def prim_funcs(mod: tvm.IRModule) -> Iterator[tuple[str, tirx.PrimFunc]]:
+    """(name, PrimFunc) pairs of an IRModule."""
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            yield gv.name_hint, func
+
+
+def blocks_of(func: tirx.PrimFunc) -> list[SBlock]:
+    """Every SBlock of ``func`` except the implicit root block."""
+    realizes = collect(func.body, SBlockRealize)
+    root = func.body.block if isinstance(func.body, SBlockRealize) else None
+    return [r.block for r in realizes if root is None or not r.block.same_as(root)]
+
+
+def is_param(func: tirx.PrimFunc, source) -> bool:
+    """True when a block region's ``source`` is one of the function's parameters.
+
+    In TVM 0.27 parameters are buffer-typed Vars (there is no ``buffer_map``) and a
+    region's ``source`` is that Var; a write to it is visible outside the function.
+    """
+    return any(param.same_as(source) for param in func.params)
+
+
+def top_level_nests(func: tirx.PrimFunc) -> int:
+    """Number of top-level statements (loop nests or blocks) under the root block.
+
+    For an llvm candidate this is the number of loop nests; for a scheduled GPU
+    candidate every top-level nest is bound to blockIdx and becomes one kernel.
+    """
+    body = func.body.block.body if isinstance(func.body, SBlockRealize) else func.body
+    stmts = body.seq if isinstance(body, tirx.SeqStmt) else [body]
+    return sum(1 for s in stmts if not isinstance(s, (tirx.stmt.Evaluate,)))
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes occupied by a (possibly vector) dtype, e.g. int64x4 -> 32."""
+    dt = tvm.DataType(str(dtype))
+    return dt.bits * dt.lanes // 8
+
+
+def dtype_lanes(dtype) -> int:
+    return tvm.DataType(str(dtype)).lanes
