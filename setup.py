@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="MetaSchedule schedule rules, postprocessors and tuning drivers for quantized models",
     python_requires=">=3.9",
-    packages=["tvm_ext", "tvm_ext.workloads", "tvm_ext.rules", "tvm_ext.postprocs"],
+    packages=["tvm_ext", "tvm_ext.commands", "tvm_ext.workloads", "tvm_ext.rules", "tvm_ext.postprocs"],
     package_dir={
         "tvm_ext": "tvm_ext",
         "tvm_ext.rules": "rules",
