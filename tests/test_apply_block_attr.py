@@ -1,0 +1,110 @@
+"""schedule_rule block annotations, through TVM's ApplyCustomRule and through ours."""
+import warnings
+
+import pytest
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.script import tirx as T
+
+import tvm_ext  # noqa: F401  (registers the custom-rule functions)
+from kernels import cuda_target, design_spaces, llvm_target
+from tvm_ext.rules import ApplyBlockAttrRule
+
+
+def annotated(rule_name):
+    @T.prim_func(s_tir=True)
+    def func(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
+        b = T.sblock_alloc_buffer((16,), "float32")
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                T.sblock_attr({"schedule_rule": rule_name})
+                b[vi] = a[vi] * T.float32(2)
+        for i in range(16):
+            with T.sblock("c"):
+                vi = T.axis.spatial(16, i)
+                c[vi] = b[vi] + T.float32(1)
+    return func
+
+
+@T.prim_func(s_tir=True)
+def inlined(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
+    for i in range(16):
+        with T.sblock("c"):
+            vi = T.axis.spatial(16, i)
+            c[vi] = a[vi] * T.float32(2) + T.float32(1)
+
+
+def reverse_annotated():
+    @T.prim_func(s_tir=True)
+    def func(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
+        b = T.sblock_alloc_buffer((16,), "float32")
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                b[vi] = a[vi] * T.float32(2)
+        for i in range(16):
+            with T.sblock("c"):
+                vi = T.axis.spatial(16, i)
+                T.sblock_attr({"schedule_rule": "reverse_compute_inline"})
+                c[vi] = b[vi] + T.float32(1)
+    return func
+
+
+@T.prim_func(s_tir=True)
+def reverse_inlined(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
+    for i in range(16):
+        with T.sblock("b"):
+            vi = T.axis.spatial(16, i)
+            c[vi] = a[vi] * T.float32(2) + T.float32(1)
+
+
+TARGETS = [llvm_target(), cuda_target()]
+RULES = {"tvm ApplyCustomRule": ms.schedule_rule.ApplyCustomRule, "tvm_ext ApplyBlockAttrRule": ApplyBlockAttrRule}
+
+
+def only_sketch(func, target, rule):
+    (sketch,) = design_spaces(func, target, sch_rules=[rule()])
+    return sketch.mod["main"]
+
+
+def same(actual, expected, like):
+    tvm.ir.assert_structural_equal(actual, expected.with_attr("global_symbol", like.attrs["global_symbol"]))
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=["llvm", "cuda"])
+@pytest.mark.parametrize("rule", RULES.values(), ids=RULES.keys())
+def test_compute_inline_annotation(target, rule):
+    before = annotated("compute_inline")
+    same(only_sketch(before, target, rule), inlined, before)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=["llvm", "cuda"])
+@pytest.mark.parametrize("rule", RULES.values(), ids=RULES.keys())
+def test_reverse_compute_inline_annotation(target, rule):
+    before = reverse_annotated()
+    same(only_sketch(before, target, rule), reverse_inlined, before)
+
+
+def test_registered_for_every_key():
+    for key in ("cpu", "gpu", "cuda", "generic"):
+        for rule in ("compute_inline", "reverse_compute_inline"):
+            assert tvm.get_global_func(f"s_tir.meta_schedule.{key}.{rule}", allow_missing=True)
+
+
+def test_unknown_rule_name_warns_and_leaves_block():
+    before = annotated("no_such_rule")
+    with pytest.warns(UserWarning) as record:
+        after = only_sketch(before, llvm_target(), ApplyBlockAttrRule)
+    message = str(record[0].message)
+    assert "no_such_rule" in message
+    for key in ("cpu", "generic"):
+        assert f"s_tir.meta_schedule.{key}.no_such_rule" in message
+    # the block is still there, only its annotation is gone
+    assert "with T.sblock(\"b\")" in after.script() and "no_such_rule" not in after.script()
+
+
+def test_plugin_space_honours_annotations_end_to_end():
+    before = annotated("compute_inline")
+    for sketch in design_spaces(before, llvm_target(), ruleset="plugin"):
+        assert 'T.sblock("b")' not in sketch.mod["main"].script()

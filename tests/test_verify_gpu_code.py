@@ -1,0 +1,125 @@
+"""VerifyGPUCode: rejects what would not compile or run on the GPU, and says why."""
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+
+from kernels import CUDA, cuda_target, requantize_primfunc
+from tvm_ext.postprocs import VerifyGPUCode
+from tvm_ext.postprocs.verify_gpu_code import target_limits, verify
+
+
+def vectorized_requantize(vec):
+    sch = Schedule(requantize_primfunc())
+    i, j = sch.get_loops(sch.get_sblock("y"))
+    bx, tx, v = sch.split(sch.fuse(i, j), [None, 128, vec])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+    return sch
+
+
+def int32_copy(vec=4, threads=128, shared_rows=0):
+    a = te.placeholder((64, 256), "int32", name="a")
+    b = te.compute((64, 256), lambda i, j: a[i, j], name="b")
+    sch = Schedule(te.create_prim_func([a, b]))
+    block = sch.get_sblock("b")
+    if shared_rows:
+        sch.cache_read(block, 0, "shared")
+    i, j = sch.get_loops(block)
+    bx, tx, v = sch.split(sch.fuse(i, j), [None, threads, vec])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+    if shared_rows:
+        shared = sch.get_sblock("a_shared")
+        sch.compute_at(shared, bx)
+        sch.bind(sch.fuse(*sch.get_loops(shared)[1:]), "threadIdx.x")
+    return sch
+
+
+def shared_hog():
+    """A kernel that stages a 64 KiB tile in shared memory (limit 48 KiB)."""
+    a = te.placeholder((128, 128), "float32", name="a")
+    k = te.reduce_axis((0, 128), "k")
+    b = te.compute((128,), lambda i: te.sum(a[k, i], axis=k), name="b")
+    sch = Schedule(te.create_prim_func([a, b]))
+    block = sch.get_sblock("b")
+    sch.cache_read(block, 0, "shared")
+    i, _ = sch.get_loops(block)
+    sch.bind(i, "threadIdx.x")
+    shared = sch.get_sblock("a_shared")
+    sch.compute_at(shared, i)
+    return sch
+
+
+def builtin_accepts(sch, target):
+    post = ms.postproc.VerifyGPUCode()
+    ctx = ms.TuneContext(mod=sch.mod, target=target, task_name="t",
+                         space_generator=ms.space_generator.PostOrderApply(
+                             sch_rules=[], postprocs=[], mutator_probs={}))
+    post._initialize_with_tune_context(ctx)
+    return bool(post.apply(sch))
+
+
+def ours(sch, target=None):
+    target = target or cuda_target()
+    return verify(sch.mod, target, target_limits(target))
+
+
+def test_q_multiply_shift_vectorized_by_4_is_rejected_on_the_int64x4_cast():
+    reason, message = ours(vectorized_requantize(4))
+    assert reason == "vector_width:cast"
+    assert "int64x4" in message and "32 bytes" in message
+    assert not builtin_accepts(vectorized_requantize(4), cuda_target())
+
+
+def test_q_multiply_shift_vectorized_by_2_is_accepted():
+    assert ours(vectorized_requantize(2)) is None
+    assert builtin_accepts(vectorized_requantize(2), cuda_target())
+
+
+def test_plain_int32x4_copy_is_accepted():
+    assert ours(int32_copy(vec=4)) is None
+
+
+def test_int32x8_copy_is_rejected_on_the_load():
+    reason, message = ours(int32_copy(vec=8))
+    assert reason.startswith("vector_width") and "32 bytes" in message
+
+
+def test_too_many_threads_is_rejected():
+    reason, message = ours(int32_copy(vec=1, threads=2048))
+    assert reason == "threads_per_block" and "2048" in message
+
+
+def test_too_much_shared_memory_is_rejected():
+    reason, message = ours(shared_hog())
+    assert reason == "shared_memory" and "65536" in message
+    assert not builtin_accepts(shared_hog(), cuda_target())
+
+
+def test_missing_target_attribute_is_a_clear_error():
+    incomplete = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
+    with pytest.raises(ValueError, match="max_threads_per_block"):
+        target_limits(incomplete)
+    ctx = ms.TuneContext(mod=vectorized_requantize(2).mod, target=incomplete, task_name="t",
+                         space_generator=ms.space_generator.PostOrderApply(
+                             sch_rules=[], postprocs=[], mutator_probs={}))
+    with pytest.raises(ValueError, match="max_threads_per_block"):
+        VerifyGPUCode()._initialize_with_tune_context(ctx)
+
+
+def test_reasons_are_counted_across_clones():
+    post = VerifyGPUCode()
+    ctx = ms.TuneContext(mod=vectorized_requantize(2).mod, target=cuda_target(), task_name="t",
+                         space_generator=ms.space_generator.PostOrderApply(
+                             sch_rules=[], postprocs=[], mutator_probs={}))
+    post._initialize_with_tune_context(ctx)
+    twin = post.clone()
+    assert post.apply(vectorized_requantize(2))
+    assert not twin.apply(vectorized_requantize(4))
+    assert not post.apply(int32_copy(vec=1, threads=2048))
+    assert post.reason_counts() == {"vector_width:cast": 1, "threads_per_block": 1}
+    assert "int64x4" in post.reason_examples()["vector_width:cast"]
