@@ -1,0 +1,43 @@
+"""``tvm-ext verify-gpu WORKLOAD``: our VerifyGPUCode vs nvcc vs TVM's built-in, per task."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "verify-gpu", help="check VerifyGPUCode against nvcc on sampled CUDA candidates",
+        description="For every task of WORKLOAD, sample candidates from tvm_ext.space(cuda target) "
+                    "(random decisions, all postprocessors but VerifyGPUCode), run our VerifyGPUCode "
+                    "and TVM's built-in one, compile each candidate's CUDA source with nvcc, and print "
+                    "the confusion matrix per task and in total (accepted/rejected x compiles/fails), "
+                    "the rejection reasons and the agreement with the built-in. No GPU needed.")
+    p.add_argument("workload", help="conv2d-int8, resnet50-int8, phi2-decode or phi2-prefill")
+    p.add_argument("--samples", type=int, default=100, help="candidates per task (default 100)")
+    p.add_argument("--arch", default="sm_80", choices=("sm_75", "sm_80", "sm_90"), help="nvcc arch (default sm_80)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
+    p.add_argument("--tasks", metavar="SPEC",
+                   help="which tasks: all (default), N (N spread over the task list), or indices/names, comma-separated")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--jobs", type=int, default=None, help="nvcc processes at once (default: usable CPUs)")
+    p.add_argument("--image", type=int, default=None, help="image size for conv2d-int8 / resnet50-int8")
+    p.add_argument("--config", default=None, help="phi2 config: full (default) or reduced")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+
+    from tvm_ext import verify_gpu
+
+    doc = verify_gpu.run(args.workload, samples=args.samples, arch=args.arch, tasks=args.tasks,
+                         seed=args.seed, jobs=args.jobs, image=args.image, config=args.config,
+                         progress=None if args.quiet else verify_gpu._progress_to_stderr)  # pylint: disable=protected-access
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(verify_gpu.format_table(doc))
+    return 1 if doc["total"]["accepted_fails"] else 0

@@ -1,0 +1,381 @@
+"""``tvm-ext verify-gpu``: is our VerifyGPUCode sound?  Measured against nvcc.
+
+For every task of a workload, candidates are sampled from ``tvm_ext.space(cuda
+target)`` (random decisions, every postprocessor but VerifyGPUCode applied).  Each
+candidate gets three verdicts:
+
+* ours     -- ``tvm_ext.postprocs.verify_gpu_code.verify`` (accept, or a reason)
+* built-in -- TVM's ``meta_schedule.postproc.VerifyGPUCode``
+* nvcc     -- TVM generates the CUDA source, nvcc compiles it to a cubin for the arch
+              (a TVM codegen error counts as a failure to compile too)
+
+and lands in one cell of the confusion matrix: accepted_compiles,
+accepted_fails (must be 0), rejected_compiles (over-strict unless the reason fails
+at run time), rejected_fails.  No GPU is needed; nvcc runs on every CPU we may use
+while the main thread generates the next candidates.
+
+Public API
+----------
+WORKLOADS                                       names verify-gpu accepts
+workload_tasks(name, target, **options) -> list[(task_name, weight, IRModule)]
+select_tasks(tasks, spec) -> list               "all", "N" (N spread over the list) or "i,j,k"
+verify_task(name, mod, target, samples, ...) -> TaskRun   (call .result() for the dict)
+run(workload, samples=100, arch="sm_80", ...) -> dict     the JSON document
+format_table(doc) -> str                                  the text table
+REASON_NOTES                                    why each rejection reason is (or is not) a run-time failure
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections import Counter
+from typing import Callable, Optional
+
+WORKLOADS = ("conv2d-int8", "resnet50-int8", "phi2-decode", "phi2-prefill")
+ARCHS = ("sm_75", "sm_80", "sm_90")
+CELLS = ("accepted_compiles", "accepted_fails", "rejected_compiles", "rejected_fails")
+
+# What a rejection reason means when nvcc compiles the candidate anyway.
+REASON_NOTES = {
+    "threads_per_block": "run time: a launch with more than max_threads_per_block threads fails "
+                         "(cudaErrorInvalidConfiguration / launch-bounds mismatch)",
+    "shared_memory": "run time: more shared memory than the per-block limit fails to launch "
+                     "(ptxas only catches static allocations over 48 KiB)",
+    "vthread": "policy, shared with TVM's built-in (max_vthread=8): compiles and runs, "
+               "rejected as a register-pressure heuristic",
+    "thread_extent_annotation": "policy, shared with TVM's built-in: the sketch's "
+                                "meta_schedule.thread_extent_{low,high}_inclusive bounds "
+                                "(e.g. at least a warp); compiles and runs",
+    "vector_width:load": "codegen: vectors over 16 bytes have no CUDA type",
+    "vector_width:store": "codegen: vectors over 16 bytes have no CUDA type",
+    "vector_width:cast": "codegen: vectors over 16 bytes have no CUDA type (e.g. int64x4 from "
+                         "q_multiply_shift after LowerIntrin)",
+    "lowering_failed": "TVM's GPU lowering raised",
+}
+RUNTIME_REASONS = ("threads_per_block", "shared_memory")
+POLICY_REASONS = ("vthread", "thread_extent_annotation")
+MAX_EXAMPLES = 5
+
+
+def _progress_to_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- tasks
+def _workload(name: str, target, **options):
+    import tvm_ext.workloads as workloads
+
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; verify-gpu knows {', '.join(WORKLOADS)}")
+    opts = {k: v for k, v in options.items() if v is not None}
+    if name.startswith("phi2"):
+        opts.setdefault("compute_dtype", "float16")  # what runs on CUDA
+        opts.pop("image", None)
+    elif name == "resnet50-int8" or name == "conv2d-int8":
+        opts.pop("config", None)
+    try:
+        return workloads.get(name, **opts)
+    except (ImportError, AttributeError) as err:  # workload not in this build yet
+        raise ValueError(f"workload {name!r} is not available in this build ({err})") from None
+
+
+def workload_tasks(name: str, target, **options) -> list:
+    """Tuning tasks of a workload for ``target``: [(task_name, weight, IRModule)]."""
+    from tvm.s_tir.meta_schedule.relax_integration import extract_tasks
+
+    wl = _workload(name, target, **options)
+    return [(t.task_name, int(t.weight), t.dispatched[0]) for t in extract_tasks(wl.mod, target)]
+
+
+def select_tasks(tasks: list, spec: Optional[str]) -> list:
+    """Pick tasks: None/"all" -> all; "N" -> N spread evenly over the list (first and
+    last included); "i,j,k" -> those indices; names (comma-separated) also work."""
+    if spec in (None, "", "all"):
+        return list(tasks)
+    spec = str(spec)
+    if spec.isdigit():
+        k = int(spec)
+        if k <= 0:
+            raise ValueError("--tasks N needs N >= 1")
+        if k >= len(tasks):
+            return list(tasks)
+        if k == 1:
+            return [tasks[0]]
+        idx = sorted({round(i * (len(tasks) - 1) / (k - 1)) for i in range(k)})
+        return [tasks[i] for i in idx]
+    picked = []
+    names = [t[0] for t in tasks]
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        if part.lstrip("-").isdigit():
+            i = int(part)
+            if not -len(tasks) <= i < len(tasks):
+                raise ValueError(f"task index {i} out of range (0..{len(tasks) - 1})")
+            picked.append(tasks[i])
+        elif part in names:
+            picked.append(tasks[names.index(part)])
+        else:
+            raise ValueError(f"no task {part!r}; tasks: {', '.join(names)}")
+    return picked
+
+
+# --------------------------------------------------------------------------- one task
+class TaskRun:
+    """Verdicts of one task's candidates; nvcc results arrive asynchronously."""
+
+    def __init__(self, name: str, weight: int) -> None:
+        self.name = name
+        self.weight = weight
+        self.records: list = []  # dicts: ours, reason, message, builtin, future | (ok, err)
+        self.seconds = 0.0
+        self.sampling: dict = {}
+
+    def result(self) -> dict:
+        """Wait for nvcc and tally this task's cells (see module doc)."""
+        cells = Counter({c: 0 for c in CELLS})
+        reasons: Counter = Counter()
+        rc_reasons: Counter = Counter()
+        agree = 0
+        disagree: Counter = Counter()
+        builtin_cells = Counter({c: 0 for c in CELLS})
+        examples: dict = {c: [] for c in ("accepted_fails", "rejected_compiles", "disagreements")}
+        nvcc_errors: Counter = Counter()
+        for rec in self.records:
+            ok, err = rec["nvcc"].result() if hasattr(rec["nvcc"], "result") else rec["nvcc"]
+            rec["nvcc"] = (ok, err)
+            ours = rec["ours"]
+            cell = ("accepted_" if ours else "rejected_") + ("compiles" if ok else "fails")
+            cells[cell] += 1
+            bcell = ("accepted_" if rec["builtin"] else "rejected_") + ("compiles" if ok else "fails")
+            builtin_cells[bcell] += 1
+            if not ok:
+                nvcc_errors[_error_kind(err)] += 1
+            if not ours:
+                reasons[rec["reason"]] += 1
+                if ok:
+                    rc_reasons[rec["reason"]] += 1
+            if ours == rec["builtin"]:
+                agree += 1
+            else:
+                key = (f"ours rejects ({rec['reason']}), built-in accepts" if not ours
+                       else "ours accepts, built-in rejects")
+                disagree[key] += 1
+                _example(examples["disagreements"], rec, ok, err)
+            if cell in ("accepted_fails", "rejected_compiles"):
+                _example(examples[cell], rec, ok, err)
+        n = len(self.records)
+        return {
+            "task": self.name,
+            "weight": self.weight,
+            "samples": n,
+            **{c: cells[c] for c in CELLS},
+            "agree_with_builtin": agree,
+            "agreement": round(agree / n, 4) if n else None,
+            "reasons": dict(reasons.most_common()),
+            "rejected_compiles_reasons": dict(rc_reasons.most_common()),
+            "builtin": {c: builtin_cells[c] for c in CELLS},
+            "disagreements": dict(disagree.most_common()),
+            "nvcc_errors": dict(nvcc_errors.most_common()),
+            "examples": {k: v for k, v in examples.items() if v},
+            "sampling": self.sampling,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def _error_kind(err: str) -> str:
+    """A short class of an nvcc / codegen error line, for counting."""
+    if err.startswith("tvm codegen:"):
+        return "tvm codegen"
+    if "too much shared data" in err:
+        return "ptxas: too much shared data"
+    if "launch_bounds" in err or "maxntid" in err:
+        return "launch bounds"
+    if "error:" in err:
+        return "nvcc: " + err.split("error:", 1)[1].strip()[:60]
+    return err[:60]
+
+
+def _example(bucket: list, rec: dict, ok: bool, err: str) -> None:
+    if len(bucket) < MAX_EXAMPLES:
+        bucket.append({
+            "sample": rec["index"],
+            "ours": "accept" if rec["ours"] else f"reject: {rec['reason']}: {rec['message']}",
+            "builtin": "accept" if rec["builtin"] else "reject",
+            "nvcc": "ok" if ok else err,
+        })
+
+
+def verify_task(name: str, weight: int, mod, target, samples: int, *, pool, seed: int = 0,
+                progress: Optional[Callable[[str], None]] = None, context=None,
+                ruleset: str = "plugin") -> TaskRun:
+    """Sample, verify (ours and built-in) and submit to nvcc ``samples`` candidates."""
+    import tvm_ext
+    from tvm.s_tir import meta_schedule as ms
+    from tvm_ext.candidates import cuda_source, sample_candidates, tune_context
+    from tvm_ext.postprocs.verify_gpu_code import target_limits, verify
+
+    start = time.time()
+    run = TaskRun(name, weight)
+    space = tvm_ext.space(target, ruleset)
+    ctx = context or tune_context(mod, target, space, name)
+    builtin = ms.postproc.VerifyGPUCode()
+    builtin._initialize_with_tune_context(ctx)  # pylint: disable=protected-access
+    limits = target_limits(target)
+    schs = sample_candidates(mod, target, space, samples, seed=seed, context=ctx, stats=run.sampling)
+    for i, sch in enumerate(schs):
+        verdict = verify(sch.mod, target, limits)
+        try:
+            b_ok = bool(builtin.apply(sch))
+        except Exception:  # noqa: BLE001 -- the built-in raising counts as a rejection
+            b_ok = False
+        try:
+            fut = pool.submit(cuda_source(sch, target))
+        except Exception as err:  # noqa: BLE001 -- TVM could not generate CUDA: does not compile
+            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()] or [repr(err)]
+            fut = (False, "tvm codegen: " + lines[-1].strip()[:250])
+        run.records.append({
+            "index": i,
+            "ours": verdict is None,
+            "reason": None if verdict is None else verdict[0],
+            "message": None if verdict is None else verdict[1][:200],
+            "builtin": b_ok,
+            "nvcc": fut,
+        })
+        if progress and ((i + 1) % 10 == 0 or i + 1 == len(schs)):
+            progress(f"  {name}: {i + 1}/{len(schs)} candidates generated ({time.time() - start:.0f} s)")
+    run.seconds = time.time() - start
+    return run
+
+
+# --------------------------------------------------------------------------- whole run
+def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Optional[str] = None,
+        seed: int = 0, jobs: Optional[int] = None, image: Optional[int] = None,
+        config: Optional[str] = None, progress: Optional[Callable[[str], None]] = _progress_to_stderr) -> dict:
+    """verify-gpu over the (selected) tasks of ``workload``; returns the JSON document."""
+    from tvm_ext.candidates import CompilePool, nvcc_path
+    from tvm_ext.targets import cuda_target
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    if samples < 1:
+        raise ValueError("--samples must be at least 1")
+    if nvcc_path() is None:
+        raise FileNotFoundError("nvcc not found on PATH: verify-gpu compiles every candidate with it")
+    progress = progress or (lambda _msg: None)
+    target = cuda_target(arch)
+    start = time.time()
+    all_tasks = workload_tasks(workload, target, image=image, config=config)
+    chosen = select_tasks(all_tasks, tasks)
+    progress(f"verify-gpu {workload}: {len(chosen)} of {len(all_tasks)} tasks, {samples} samples each, {arch}")
+    runs = []
+    with CompilePool(arch, jobs) as pool:
+        for k, (name, weight, mod) in enumerate(chosen):
+            progress(f"[{k + 1}/{len(chosen)}] {name}")
+            try:
+                runs.append(verify_task(name, weight, mod, target, samples, pool=pool,
+                                        seed=seed + k, progress=progress))
+            except Exception as err:  # noqa: BLE001 -- report the task, keep going
+                progress(f"  {name}: sampling failed: {err}\n{traceback.format_exc(limit=3)}")
+        progress(f"waiting for nvcc ({len(pool.cache)} distinct sources)...")
+        results = []
+        for r in runs:
+            results.append(r.result())
+            res = results[-1]
+            progress(f"  {r.name}: " + ", ".join(f"{c}={res[c]}" for c in CELLS)
+                     + f", agree={res['agree_with_builtin']}/{res['samples']}")
+    total = _total(results)
+    return {
+        "workload": workload,
+        "arch": arch,
+        "samples_per_task": samples,
+        "seed": seed,
+        "tasks_total": len(all_tasks),
+        "tasks_checked": len(results),
+        "options": {k: v for k, v in {"image": image, "config": config, "tasks": tasks}.items() if v is not None},
+        "total": total,
+        "tasks": results,
+        "reason_notes": {r: REASON_NOTES.get(r, "") for r in total["reasons"]},
+        "seconds": round(time.time() - start, 1),
+    }
+
+
+def _total(results: list) -> dict:
+    total = {c: sum(r[c] for r in results) for c in CELLS}
+    n = sum(r["samples"] for r in results)
+    agree = sum(r["agree_with_builtin"] for r in results)
+    reasons, rc, dis, bcells = Counter(), Counter(), Counter(), Counter({c: 0 for c in CELLS})
+    for r in results:
+        reasons.update(r["reasons"])
+        rc.update(r["rejected_compiles_reasons"])
+        dis.update(r["disagreements"])
+        bcells.update(r["builtin"])
+    return {
+        "samples": n,
+        **total,
+        "agree_with_builtin": agree,
+        "agreement": round(agree / n, 4) if n else None,
+        "reasons": dict(reasons.most_common()),
+        "rejected_compiles_reasons": dict(rc.most_common()),
+        "builtin": dict(bcells),
+        "disagreements": dict(dis.most_common()),
+    }
+
+
+def merge(docs: list) -> dict:
+    """One document over several workloads' runs (for tuning_logs/verify-gpu.json)."""
+    if not docs:
+        raise ValueError("nothing to merge")
+    arch = {d["arch"] for d in docs}
+    if len(arch) != 1:
+        raise ValueError(f"runs for different archs: {sorted(arch)}")
+    tasks = []
+    for d in docs:
+        for t in d["tasks"]:
+            tasks.append({"workload": d["workload"], **t})
+    return {
+        "arch": docs[0]["arch"],
+        "samples_per_task": min(d["samples_per_task"] for d in docs),
+        "workloads": [{k: d[k] for k in ("workload", "tasks_total", "tasks_checked", "options", "seconds")}
+                      for d in docs],
+        "total": _total(tasks),
+        "tasks": tasks,
+        "reason_notes": {r: REASON_NOTES.get(r, "") for r in _total(tasks)["reasons"]},
+    }
+
+
+# --------------------------------------------------------------------------- text
+def format_table(doc: dict) -> str:
+    """The confusion matrix per task and in total, reasons and agreement, as text."""
+    head = f"{'task':<44} {'n':>4} {'acc+ok':>7} {'acc+FAIL':>8} {'rej+ok':>7} {'rej+fail':>8} {'agree':>7}"
+    lines = [f"verify-gpu {doc.get('workload', '(merged)')}  arch {doc['arch']}  "
+             f"{doc['samples_per_task']} samples per task", head, "-" * len(head)]
+
+    def row(name, r):
+        agree = f"{100 * r['agreement']:.1f}%" if r.get("agreement") is not None else "-"
+        return (f"{name[:44]:<44} {r['samples']:>4} {r['accepted_compiles']:>7} {r['accepted_fails']:>8} "
+                f"{r['rejected_compiles']:>7} {r['rejected_fails']:>8} {agree:>7}")
+
+    for t in doc["tasks"]:
+        name = t["task"] if "workload" not in t else f"{t['workload']}:{t['task']}"
+        lines.append(row(name, t))
+    lines.append("-" * len(head))
+    lines.append(row("total", doc["total"]))
+    tot = doc["total"]
+    lines.append("")
+    lines.append("rejection reasons (ours): " + (", ".join(f"{k} {v}" for k, v in tot["reasons"].items()) or "none"))
+    if tot["rejected_compiles_reasons"]:
+        lines.append("rejected but compiles, by reason:")
+        for k, v in tot["rejected_compiles_reasons"].items():
+            lines.append(f"  {k:<26} {v:>5}  {REASON_NOTES.get(k, '')}")
+    lines.append(f"agreement with TVM's built-in VerifyGPUCode: {tot['agree_with_builtin']}/{tot['samples']}"
+                 + (f" ({100 * tot['agreement']:.1f}%)" if tot.get("agreement") is not None else ""))
+    for k, v in tot["disagreements"].items():
+        lines.append(f"  {k}: {v}")
+    b = tot["builtin"]
+    lines.append(f"built-in alone: accepted+compiles {b['accepted_compiles']}, accepted+fails {b['accepted_fails']}, "
+                 f"rejected+compiles {b['rejected_compiles']}, rejected+fails {b['rejected_fails']}")
+    return "\n".join(lines)
+
+
+__all__ = ["WORKLOADS", "REASON_NOTES", "format_table", "merge", "run", "select_tasks",
+           "verify_task", "workload_tasks"]
