@@ -17,8 +17,8 @@ What it does, per block:
    blocks we tiled carry the ``meta_schedule.tiling_structure`` annotation, so that
    rule skips them.
 
-Intrinsics (registered here, on first use, with the description of TVM's
-``dot_16x4_vnni``): AVX-512 VNNI targets use ``tvm_ext.dot_16x4_avx512vnni`` (one
+Intrinsics (registered here, on first use, with a 16x4 description equivalent to
+that of TVM's ``dot_16x4_vnni``): AVX-512 VNNI targets use ``tvm_ext.dot_16x4_avx512vnni`` (one
 512-bit ``vpdpbusd``); AVX-VNNI-only targets (Alder Lake and later client CPUs) use
 ``tvm_ext.dot_16x4_avxvnni``, two 256-bit (VEX-encoded) ``vpdpbusd``, so one packed
 weight layout serves both. TVM's own ``dot_16x4_vnni`` cannot be used with the LLVM
@@ -41,7 +41,6 @@ from tvm.s_tir.meta_schedule.schedule_rule import (
 )
 from tvm.s_tir.schedule import ScheduleError
 from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
-from tvm.s_tir.tensor_intrin import x86 as _x86  # registers dot_16x4_vnni
 from tvm.script import tirx as T
 
 AVX512_VNNI_INTRIN = "tvm_ext.dot_16x4_avx512vnni"
@@ -56,6 +55,24 @@ AUTO_TENSORIZE_ATTR = "meta_schedule.auto_tensorize"
 # bundles ("Call parameter type does not match function signature"), so we register our
 # own implementations for the operand style this LLVM wants (probed once, see
 # _operand_style), under the same 16x4 description.
+
+
+# Importing tvm.s_tir.tensor_intrin (even .x86) runs its package __init__, which builds
+# every CUDA intrinsic: ~30 s of CPU. So the description is written here, not imported.
+@T.prim_func(s_tir=True)
+def _dot_16x4_desc(
+    a: T.Buffer((4,), "uint8", offset_factor=1),
+    b: T.Buffer((16, 4), "int8", offset_factor=1),
+    c: T.Buffer((16,), "int32", offset_factor=1),
+) -> None:
+    # c[lane] += sum over 4 bytes of a[byte] * b[lane, byte]
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+        T.writes(c[0:16])
+        for lane, byte in T.grid(16, 4):
+            with T.sblock("update"):
+                v_lane, v_byte = T.axis.remap("SR", [lane, byte])
+                c[v_lane] = c[v_lane] + T.cast(a[v_byte], "int32") * T.cast(b[v_lane, v_byte], "int32")
 
 
 def _make_impl(instr_lanes: int, byte_operands: bool):
@@ -119,9 +136,8 @@ def _register(name: str, instr_lanes: int) -> str:
         return name
     except Exception:  # pylint: disable=broad-except
         pass
-    desc = TensorIntrin.get(_x86.VNNI_DOT_16x4_INTRIN).desc  # C[i] += A[k] * B[i, k], 16x4
     try:
-        TensorIntrin.register(name, desc, _make_impl(instr_lanes, _operand_style()))
+        TensorIntrin.register(name, _dot_16x4_desc, _make_impl(instr_lanes, _operand_style()))
     except Exception:  # pylint: disable=broad-except
         TensorIntrin.get(name)  # registered meanwhile under the same name
     return name
@@ -235,13 +251,59 @@ class VNNITensorize(PyScheduleRule):
             outer = _find_tensorized_block(res, name)
             if outer is None:
                 continue  # not tensorized after all
+            if not out and not self._tensorizes(res, outer):
+                # The iterators map onto the intrinsic but the operands do not (e.g. an
+                # NHWC conv with HWIO weights: the weight tile is [4][16], the
+                # intrinsic wants [16][4]); RewriteTensorize would fail on every candidate.
+                return [sch]
             if self.fuse:
                 fuse_epilogue(res, outer)
             out.append(res)
         return out or [sch]
 
+    def _tensorizes(self, sch, outer) -> bool:
+        """Whether ``outer`` really tensorizes (tried on a scratch copy, as the postproc would)."""
+        tmp = sch.copy()
+        try:
+            block = tmp.get(outer)
+            name = block.name_hint
+            if block.init is not None:
+                tmp.decompose_reduction(outer, tmp.get_loops(outer)[0])
+                outer = tmp.get_sblock(f"{name}_update")
+            tmp.tensorize(outer, self.intrin_name)
+            return True
+        except Exception:  # pylint: disable=broad-except
+            return False
+
     def clone(self) -> ScheduleRule:
         return VNNITensorize(self.intrin_name, self.max_innermost_factor, self.fuse)
+
+
+# --------------------------------------------------------------------------- builder
+def fast_local_builder(timeout_sec: float = 120.0, max_workers: int | None = None):
+    """A LocalBuilder that skips ``import tvm.s_tir.tensor_intrin`` in its workers.
+
+    TVM 0.27's default build function imports that package in every fresh worker, and
+    LocalBuilder starts fresh workers for every batch: ~30 s of CPU per worker per batch
+    (the CUDA intrinsics), far more than building the candidates. The candidates are
+    already tensorized when they reach the builder, so the intrinsics are not needed.
+    The build function is defined in a closure so that cloudpickle sends it by value
+    (workers need not import tvm_ext).
+    """
+    from tvm.s_tir.meta_schedule.builder import LocalBuilder  # pylint: disable=import-outside-toplevel
+
+    def make_build():
+        def build(mod, target, _params):
+            # pylint: disable=import-outside-toplevel
+            from tvm.driver import build as tvm_build
+            from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+            mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+            return tvm_build(mod, target=target)
+
+        return build
+
+    return LocalBuilder(f_build=make_build(), timeout_sec=timeout_sec, max_workers=max_workers)
 
 
 # --------------------------------------------------------------------------- presets
@@ -303,4 +365,7 @@ __all__ = [
     "vnni_postprocs",
     "with_vnni",
     "vnni_space",
+    "fast_local_builder",
+    "avx512_vnni_intrin",
+    "avx_vnni_intrin",
 ]
