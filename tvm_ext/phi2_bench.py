@@ -127,6 +127,32 @@ def _build(mod, target):
     return tvm.compile(mod, target=target)
 
 
+def build_cuda_with_nvcc(mod, target):
+    """Build ``mod`` for a cuda target, then compile its generated CUDA source with nvcc to PTX
+    (runs without a GPU).  Returns the PTX size in bytes."""
+    from tvm.support import nvcc
+
+    ex = _build(mod, target)
+    rt = ex.mod if hasattr(ex, "mod") else ex
+    src = "".join(m.inspect_source("") for m in rt.imports if m.kind == "cuda")
+    if not src:
+        raise RuntimeError("no CUDA source generated")
+    arch = str(target.attrs.get("arch", "sm_80"))
+    with target:  # nvcc.compile_cuda reads the compute version from the current target
+        ptx = nvcc.compile_cuda(src, target_format="ptx", arch=arch, compiler="nvcc")
+    return len(ptx)
+
+
+def combine(named_mods):
+    """One IRModule holding the "main" of each {name: IRModule}, renamed to its kernel name."""
+    import tvm
+
+    funcs = {}
+    for name, mod in named_mods.items():
+        funcs[name] = mod["main"].with_attr("global_symbol", name)
+    return tvm.IRModule(funcs)
+
+
 def _random_args(func, dev, rng):
     import tvm
 
@@ -198,15 +224,20 @@ def log_dir(tuning_dir, kind, target, fusion, schedule):
     return os.path.join(tuning_dir, f"phi2-{kind}-{tname}-{'fused' if fusion else 'unfused'}", schedule)
 
 
+_DB_PATHS = {}
+
+
 def open_db(path):
     from tvm.s_tir import meta_schedule as ms
 
     os.makedirs(path, exist_ok=True)
-    return ms.database.JSONDatabase(
+    db = ms.database.JSONDatabase(
         path_workload=os.path.join(path, "database_workload.json"),
         path_tuning_record=os.path.join(path, "database_tuning_record.json"),
         allow_missing=True,
     )
+    _DB_PATHS[id(db)] = (db, path)  # FFI objects take no new attributes
+    return db
 
 
 def seed_database(db, mods, dlight, target, dlight_secs):
@@ -252,7 +283,33 @@ def builder():
     return ms.builder.LocalBuilder(f_build=_fast_build, timeout_sec=120)
 
 
-def tune(db, mods, target, work_dir, trials, log):
+def runner(gpu):
+    """LocalRunner (cache flushed before each CPU run) behind a shim: in TVM 0.27 MetaSchedule
+    passes target.kind.name ("llvm") as the device type and the runner worker fails with
+    "Unknown device: llvm" on every candidate, so nothing ever reaches the database."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    inner = ms.runner.LocalRunner(
+        evaluator_config=ms.runner.EvaluatorConfig(number=1, repeat=3, min_repeat_ms=0, enable_cpu_cache_flush=not gpu)
+    )
+
+    @derived_object
+    class _DeviceNameRunner(ms.runner.PyRunner):
+        def __init__(self):
+            super().__init__()
+
+        def run(self, runner_inputs):
+            fixed = [
+                ms.runner.RunnerInput(r.artifact_path, "cpu" if str(r.device_type) == "llvm" else r.device_type, r.args_info)
+                for r in runner_inputs
+            ]
+            return inner.run(fixed)
+
+    return _DeviceNameRunner()
+
+
+def tune(db, mods, target, work_dir, trials, log, per_iter=None):
     """Tune every kernel for ``trials`` trials into ``db`` (resumes: counts records already there)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -266,32 +323,42 @@ def tune(db, mods, target, work_dir, trials, log):
         return
     irmod = tvm.IRModule({name: mod["main"] for name, mod in todo.items()})
     log(f"  tuning {len(todo)} kernels x {trials} trials -> {work_dir}")
-    runner = ms.runner.LocalRunner(
-        evaluator_config=ms.runner.EvaluatorConfig(
-            number=1, repeat=3, min_repeat_ms=0, enable_cpu_cache_flush=not _is_gpu(target)
-        )
-    )
     strategy = ms.search_strategy.EvolutionarySearch(population_size=128, genetic_num_iters=2)
     ms.tune_tir(
         irmod, target, work_dir, max_trials_global=trials * len(todo), max_trials_per_task=trials,
-        num_trials_per_iter=min(trials, 8), builder=builder(), runner=runner, database=db, space=space(target),
+        num_trials_per_iter=min(trials, 8) if per_iter is None else per_iter, builder=builder(), runner=runner(_is_gpu(target)), database=db, space=space(target),
         strategy=strategy, seed=0,
     )
 
 
 def _records(db, mod):
-    import tvm
+    """Tuning records of ``mod`` in commit order.  JSONDatabase keeps records sorted by run
+    time, so the order comes from its record file (one line per commit) when there is one."""
+    path = _DB_PATHS.get(id(db), (None, None))[1]
+    if path and os.path.exists(os.path.join(path, "database_tuning_record.json")):
+        from tvm.s_tir import meta_schedule as ms
 
+        widx = None
+        with open(os.path.join(path, "database_workload.json")) as f:
+            for i, line in enumerate(f):
+                if tvm_ffi.structural_equal(ms.database.Workload.from_json(json.loads(line)).mod, mod):
+                    widx = i
+                    break
+        out = []
+        if widx is None:
+            return out
+        with open(os.path.join(path, "database_tuning_record.json")) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec[0] == widx:
+                    out.append([float(x) for x in (rec[1][1] or [])])
+        return out
     h = tvm_ffi.structural_hash(mod)
-    out = []
-    for r in db.get_all_tuning_records():
-        if tvm_ffi.structural_hash(r.workload.mod) == h and tvm_ffi.structural_equal(r.workload.mod, mod):
-            out.append(r)
-    return out
+    return [[float(x) for x in r.run_secs] for r in db.get_all_tuning_records()
+            if tvm_ffi.structural_hash(r.workload.mod) == h and tvm_ffi.structural_equal(r.workload.mod, mod)]
 
 
-def _mean(rec):
-    secs = [float(x) for x in rec.run_secs] if rec.run_secs is not None else []
+def _mean(secs):
     return sum(secs) / len(secs) if secs else float("inf")
 
 
@@ -476,10 +543,16 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         built = []
         for fusion in (False, True):
             for s in SCHEDULES:
-                for name, mod in sched[fusion][s].items():
-                    _build(mod, target)
+                # one module (one nvcc call) per fusion mode and schedule kind
+                batch = combine(sched[fusion][s])
+                if gpu:
+                    build_cuda_with_nvcc(batch, target)
+                else:
+                    _build(batch, target)
+                for name in sched[fusion][s]:
                     built.append({"fusion": "on" if fusion else "off", "schedule": s, "name": name,
                                   "rule": rules[fusion][name] if s == "dlight" else None})
+                log(f"  built fusion={'on' if fusion else 'off'} {s}: {len(sched[fusion][s])} kernels")
         log(f"built {len(built)} kernels for {target.kind.name} in {time.time() - t_start:.0f} s")
         return {"workload": workload, "target": str(target.kind.name), "built": len(built), "kernels": built}
 
