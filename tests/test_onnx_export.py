@@ -1,0 +1,31 @@
+"""ONNX export of the int8 ResNet-50 and comparison with ONNX Runtime ([bench] extra)."""
+import numpy as np
+import pytest
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from tvm_ext import onnx_export as OE  # noqa: E402
+
+
+def test_fixed_point_scale_roundtrip():
+    mult = np.array([2**30, 2**31 - 1, 1518500250], np.int32)
+    rshift = np.array([0, 5, 12], np.int32)
+    s = OE.fixed_to_float(mult, rshift).astype(np.float64)
+    exact = mult.astype(np.float64) * 2.0 ** -(31 + rshift.astype(np.float64))
+    assert np.all(np.abs(s - exact) <= exact * 2**-23)
+
+
+def test_resnet50_int8_ort_within_one_step_per_layer():
+    r = OE.compare_resnet50_int8(image=32, threads=2)
+    layers = r["layers"]
+    assert len(layers) == 53 + 16 + 1  # convs, residual adds, classifier
+    names = list(layers)
+    first = r["first_differing_layer"]
+    # every layer before the first difference is bit-exact, and the first one differs
+    # by one uint8 step at most (rounding of the float multiplier: ORT vs q_multiply_shift)
+    stop = names.index(first) if first else len(names)
+    assert all(layers[n]["max_step"] == 0 for n in names[:stop])
+    if first:
+        assert layers[first]["max_step"] == 1 and layers[first]["frac_differ"] < 0.01
+    assert 0 <= r["final"]["frac_differ"] <= 1 and r["final"]["max_step"] <= 255
