@@ -50,7 +50,7 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
                 rules.append(InlineConstantScalars())
         else:
             rules.append(rule)
-    if ruleset == "plugin" and kind == "llvm":
+    if kind == "llvm":  # ours, with or without the constant-scalar rule
         rules = _with_vnni(target, rules)
     return rules
 

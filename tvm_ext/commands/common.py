@@ -1,0 +1,64 @@
+"""Arguments and helpers shared by the subcommands."""
+from __future__ import annotations
+
+import sys
+
+WORKLOAD_HELP = "conv2d-int8, resnet50-int8, phi2-decode or phi2-prefill"
+TARGET_HELP = ("llvm (this CPU, the default), llvm-generic, cuda, cuda-sm75, cuda-sm80, cuda-sm90, "
+               "or a JSON object such as '{\"kind\": \"llvm\", \"mcpu\": \"znver4\"}'")
+
+
+def log(message: str) -> None:
+    """Progress lines go to stderr so that --json output stays clean."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def add_workload_args(p, batch_default=None) -> None:
+    p.add_argument("workload", help=WORKLOAD_HELP)
+    p.add_argument("--target", default="llvm", help=TARGET_HELP)
+    p.add_argument("--batch", type=int, default=batch_default,
+                   help="batch size (resnet50-int8, conv2d-int8; default 1)")
+    p.add_argument("--image", type=int, default=None,
+                   help="image height = width (resnet50-int8 default 224, conv2d-int8 default 14)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+
+
+def workload_options(args) -> dict:
+    options = {"seed": args.seed}
+    if args.batch is not None:
+        options["batch"] = args.batch
+    if args.image is not None:
+        options["image"] = args.image
+    return options
+
+
+def check_workload_name(name: str) -> str:
+    from tvm_ext import workloads
+
+    if name not in workloads.names():
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(workloads.names())}")
+    return name
+
+
+def load_workload(args):
+    """Build the workload named on the command line (one clear error for a bad name)."""
+    from tvm_ext import workloads
+
+    check_workload_name(args.workload)
+    log(f"building {args.workload} {workload_options(args)} ...")
+    return workloads.get(args.workload, **workload_options(args))
+
+
+def resolve_target(spec: str):
+    from tvm_ext.targets import resolve_target as resolve
+
+    return resolve(spec)
+
+
+def parse_rulesets(text: str) -> list[str]:
+    from tvm_ext.rulesets import check_ruleset
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise ValueError("--rulesets is empty")
+    return [check_ruleset(n) for n in names]

@@ -1,0 +1,91 @@
+"""``tvm-ext tune``: tune every task of a workload into a resumable JSON database."""
+from __future__ import annotations
+
+from tvm_ext.commands.common import add_workload_args, check_workload_name, log
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "tune", help="tune a workload's tasks into a MetaSchedule JSON database",
+        description="Extract the workload's fused tasks and tune each with MetaSchedule into a "
+                    "JSON database in the work dir. Running the same command again resumes: "
+                    "each task is tuned only up to --trials records. Ctrl-C or a kill leaves a "
+                    "valid database.")
+    add_workload_args(p)
+    p.add_argument("--trials", type=int, default=64, help="trials per task (default 64)")
+    p.add_argument("--ruleset", default="plugin",
+                   help="plugin (ours, default), no-inline-const (ours without "
+                        "InlineConstantScalars) or upstream (TVM's built-in rules)")
+    p.add_argument("--work-dir", default=None,
+                   help="database directory (default tuning_logs/<workload>-<target>-<ruleset>/)")
+    p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
+                   help="measure through TVM's RPC tracker instead of locally")
+    p.add_argument("--rpc-key", default=None, help="device key registered at the RPC tracker")
+    p.add_argument("--build-only", action="store_true",
+                   help="no device needed: generate, postprocess and compile candidates (nvcc for "
+                        "cuda) and report kernels of the best-by-cost-model candidate per task")
+    p.add_argument("--candidates", type=int, default=16,
+                   help="candidates per task with --build-only (default 16)")
+    p.add_argument("--json", action="store_true", help="print the resulting report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+
+    from tvm_ext import tuning
+    from tvm_ext.commands.common import load_workload, resolve_target
+    from tvm_ext.commands.report import print_report
+    from tvm_ext.rulesets import check_ruleset
+
+    check_workload_name(args.workload)
+    check_ruleset(args.ruleset)
+    target = resolve_target(args.target)
+    if args.build_only:
+        return run_build_only(args, target)
+    runner = tuning.make_runner(args.rpc_tracker, args.rpc_key)
+    work_dir = args.work_dir or tuning.default_work_dir(args.workload, target, args.ruleset)
+    if args.work_dir is not None:
+        tuning.read_meta(work_dir) if _nonempty(work_dir) else None  # refuse a foreign dir early
+    workload = load_workload(args)
+    log(f"tuning into {work_dir} ({args.ruleset}, {args.trials} trials per task, target "
+        f"{target.kind.name})")
+    try:
+        result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner, log=log)
+    except KeyboardInterrupt:
+        tuning.repair_database(work_dir, log)
+        log(f"interrupted: the database in {work_dir} is valid; run the same command to resume")
+        return 130
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_report(result)
+    return 0
+
+
+def _nonempty(path: str) -> bool:
+    import os
+
+    return os.path.isdir(path) and bool(os.listdir(path))
+
+
+def run_build_only(args, target) -> int:
+    import json
+
+    from tvm_ext import tuning
+    from tvm_ext.commands.common import load_workload
+
+    try:
+        from tvm_ext.build_only import build_only
+    except ImportError as err:
+        raise ValueError(f"--build-only is not available in this build ({err})") from None
+    workload = load_workload(args)
+    tasks = tuning.extract_tasks(workload, target)
+    rows = build_only(tasks, target, args.ruleset, args.candidates, log)
+    if args.json:
+        print(json.dumps({"workload": args.workload, "target": target.kind.name,
+                          "ruleset": args.ruleset, "tasks": rows}, indent=1))
+    else:
+        for row in rows:
+            print("  ".join(f"{k}={v}" for k, v in row.items()))
+    return 0
