@@ -24,7 +24,9 @@ setup(
         "tornado",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17"],
+        # ONNX Runtime as the peer of the int8 benchmarks (issue: int8 on CPU vs ORT)
+        "bench": ["onnx>=1.16", "onnxruntime>=1.17"],
     },
     entry_points={"console_scripts": ["tvm-ext=tvm_ext.cli:main"]},
 )

@@ -2,7 +2,8 @@
 
 ``plugin``           TVM's default rules/postprocs, with our ApplyBlockAttrRule in front
                      of TVM's ApplyCustomRule, our InlineConstantScalars in place of
-                     TVM's, and our VerifyGPUCode in place of TVM's (cuda).
+                     TVM's, our VerifyGPUCode in place of TVM's (cuda), and on x86 with
+                     VNNI our VNNI tensorization rule + RewriteTensorize (llvm).
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
 """
@@ -50,22 +51,20 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
                 rules.append(InlineConstantScalars())
         else:
             rules.append(rule)
-    if kind == "llvm":  # ours, with or without the constant-scalar rule
-        rules = _with_vnni(target, rules)
-    return rules
+    add_vnni = _vnni(target, ruleset)
+    return add_vnni(rules, [], target)[0] if add_vnni else rules
 
 
-def _with_vnni(target, rules: list) -> list:
-    """Put the VNNI tensorization rules before MultiLevelTiling where the target has VNNI."""
-    try:
-        from tvm_ext.rules.vnni_tensorize import vnni_rules
-    except ImportError:
-        return rules
-    extra = list(vnni_rules(target))
-    if not extra:
-        return rules
-    at = next((i for i, r in enumerate(rules) if _name(r) == "MultiLevelTiling"), len(rules))
-    return rules[:at] + extra + rules[at:]
+def _vnni(target, ruleset: str):
+    """(extra rules, extra postprocs) of the VNNI tensorization for our llvm rule sets.
+
+    Empty for ``upstream``, cuda, and x86 targets without AVX-512 VNNI / AVX-VNNI.
+    """
+    if ruleset == "upstream" or target_kind(target) != "llvm":
+        return None
+    from tvm_ext.rules.vnni_tensorize import with_vnni
+
+    return with_vnni
 
 
 def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> list:
@@ -75,7 +74,9 @@ def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> lis
     upstream = list(ms.Postproc.create(target_kind(target)))
     if check_ruleset(ruleset) == "upstream":
         return upstream
-    return [VerifyGPUCode() if _name(p) == "VerifyGPUCode" else p for p in upstream]
+    posts = [VerifyGPUCode() if _name(p) == "VerifyGPUCode" else p for p in upstream]
+    add_vnni = _vnni(target, ruleset)
+    return add_vnni([], posts, target)[1] if add_vnni else posts
 
 
 def space(target: tvm.target.Target, ruleset: str = "plugin") -> ms.space_generator.PostOrderApply:

@@ -1,0 +1,95 @@
+"""Rule-set benchmark of an int8 workload: tune (or reuse) each database, compile,
+check bit-exactly against NumPy, and time all networks interleaved in one process.
+
+A figure is a ratio measured side by side: every round runs each compiled network
+once, in rotating order, and the median per network over the rounds is reported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+from tvm_ext import tuning
+
+
+def time_interleaved(callables: dict, rounds: int, warmup: int = 1) -> dict:
+    """Median seconds per call of each callable, calls interleaved round by round."""
+    names = list(callables)
+    for _ in range(warmup):
+        for name in names:
+            callables[name]()
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            callables[name]()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds: int,
+        out_json: str | None, log=print, work_root: str = "tuning_logs") -> dict:
+    """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict."""
+    import tvm
+
+    runs, rows = {}, []
+    for ruleset in rulesets:
+        work_dir = tuning.default_work_dir(workload.name, target, ruleset, work_root)
+        if from_logs:
+            tuning.read_meta(work_dir)  # a clear error when the committed database is missing
+        else:
+            tuning.tune(workload, target, work_dir, trials, ruleset, log=log)
+        meta = tuning.read_meta(work_dir)
+        if meta["options"] != workload.options:
+            raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, "
+                                          f"not {workload.options}")
+        log(f"compiling {workload.name} with the {ruleset} database ...")
+        vm = tuning.make_vm(tuning.compile_workload(workload, target, work_dir), target)
+        output = tuning.run_workload(vm, workload, target)
+        ok, summary = workload.check(output)
+        log(f"{ruleset}: {'exact match' if ok else 'MISMATCH'} with the NumPy reference ({summary})")
+        dev = tuning.device_for(target)
+        args = [tvm.runtime.tensor(x, dev) for x in workload.inputs]
+        runs[ruleset] = (lambda vm=vm, args=args, dev=dev: (vm["main"](*args), dev.sync()))
+        rows.append({"ruleset": ruleset, "exact_match": bool(ok), "work_dir": work_dir,
+                     "e2e_estimate_ms": _estimate_ms(work_dir)})
+    log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
+    medians = time_interleaved(runs, rounds)
+    base = medians.get("plugin", medians[rulesets[0]])
+    for row in rows:
+        row["e2e_ms"] = medians[row["ruleset"]] * 1e3
+        row["ratio_to_plugin"] = medians[row["ruleset"]] / base
+    result = {"workload": workload.name, "options": workload.options, "target": target.kind.name,
+              "trials_per_task": trials if not from_logs else _trials_in_logs(rows),
+              "rounds": rounds, "rows": rows}
+    if out_json:
+        os.makedirs(os.path.dirname(out_json) or ".", exist_ok=True)
+        with open(out_json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+        log(f"wrote {out_json}")
+    return result
+
+
+def _estimate_ms(work_dir: str):
+    e2e = tuning.report(work_dir)["e2e_us"]
+    return None if e2e is None else e2e / 1e3
+
+
+def _trials_in_logs(rows) -> int | None:
+    counts = [t["trials"] for row in rows for t in tuning.report(row["work_dir"])["tasks"]]
+    return min(counts) if counts else None
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['workload']} {result['options']} on {result['target']}, "
+             f"{result['trials_per_task']} trials per task, median of {result['rounds']} "
+             "interleaved rounds",
+             f"{'ruleset':<16} {'e2e ms':>9} {'vs plugin':>9} {'est. ms':>9}  exact"]
+    for row in result["rows"]:
+        est = "-" if row["e2e_estimate_ms"] is None else f"{row['e2e_estimate_ms']:.3f}"
+        lines.append(f"{row['ruleset']:<16} {row['e2e_ms']:>9.3f} {row['ratio_to_plugin']:>9.2f} "
+                     f"{est:>9}  {'yes' if row['exact_match'] else 'NO'}")
+    return "\n".join(lines)

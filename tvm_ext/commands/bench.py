@@ -1,0 +1,58 @@
+"""``tvm-ext bench``: compare rule sets (int8) or schedules and fusion (Phi-2) in one run."""
+from __future__ import annotations
+
+from tvm_ext.commands.common import add_workload_args, check_workload_name, log
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="side-by-side timing of rule sets / schedules, checked against NumPy",
+        description="int8 workloads: tune (or reuse with --from-logs) one database per rule set, "
+                    "compile each network, check it bit-exactly against the NumPy reference and "
+                    "time all of them interleaved in one process; writes "
+                    "tuning_logs/bench-<workload>-<target>.json. phi2-decode / phi2-prefill: "
+                    "fusion on/off x dlight / metaschedule / seeded per kernel with the "
+                    "memory-bandwidth bound.")
+    add_workload_args(p)
+    p.add_argument("--rulesets", default="plugin,no-inline-const,upstream",
+                   help="comma-separated rule sets for int8 workloads (default all three)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trials per task (int8 default 32) or per kernel (phi2)")
+    p.add_argument("--from-logs", action="store_true",
+                   help="reuse the committed databases in tuning_logs/ instead of tuning")
+    p.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds (default 20)")
+    p.add_argument("--build-only", action="store_true",
+                   help="phi2: build every kernel of every schedule (nvcc for cuda), run nothing")
+    p.add_argument("--config", default="full", help="phi2: full (real size) or reduced")
+    p.add_argument("--logs-dir", default="tuning_logs",
+                   help="where the per-rule-set databases live (default tuning_logs)")
+    p.add_argument("--out", default=None, help="JSON path (default tuning_logs/bench-<workload>-<target>.json)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import os
+
+    from tvm_ext.commands.common import load_workload, parse_rulesets, resolve_target
+
+    check_workload_name(args.workload)
+    target = resolve_target(args.target)
+    out = args.out or os.path.join(args.logs_dir, f"bench-{args.workload}-{target.kind.name}.json")
+    if args.workload.startswith("phi2"):
+        from tvm_ext import phi2_bench
+
+        result = phi2_bench.run(args.workload, target=target, trials=args.trials,
+                                from_logs=args.from_logs, build_only=args.build_only, out_json=out,
+                                log=log, config=args.config)
+        print(phi2_bench.format_table(result) if not args.build_only else result)
+        return 0
+    from tvm_ext import bench_int8
+
+    rulesets = parse_rulesets(args.rulesets)
+    if args.trials is not None and args.trials < 1:
+        raise ValueError(f"--trials must be at least 1, not {args.trials}")
+    workload = load_workload(args)
+    result = bench_int8.run(workload, target, rulesets, args.trials or 32, args.from_logs,
+                            args.rounds, out, log=log, work_root=args.logs_dir)
+    print(bench_int8.format_table(result))
+    return 0 if all(row["exact_match"] for row in result["rows"]) else 1
