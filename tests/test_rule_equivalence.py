@@ -1,0 +1,66 @@
+"""Our rules never change what a kernel computes: candidates of tvm_ext.space(llvm)
+against the unscheduled function, on random inputs (exact for ints, tolerance for floats).
+
+Default run: the FAST subset, one candidate each. ``pytest -m slow``: the whole
+corpus (>= 30 PrimFuncs), three candidates each. A failure names the file with the
+function, the trace and the scheduled module (under $TVM_EXT_EQUIV_DIR).
+"""
+import numpy as np
+import pytest
+
+from tvm_ext import equivalence as eq
+from tvm_ext.targets import resolve_target
+
+CORPUS = {c.name: c for c in eq.corpus()}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return resolve_target("llvm")
+
+
+def test_corpus_is_large_and_named_uniquely():
+    assert len(CORPUS) >= 30
+    assert len(CORPUS) == len(eq.corpus())
+    assert set(eq.FAST) <= set(CORPUS)
+
+
+def test_shapes_are_drawn_from_the_seed():
+    case = CORPUS["dense_f32"]
+    a = case.build(np.random.RandomState(1)).script()
+    assert a == case.build(np.random.RandomState(1)).script()
+
+
+def _check(case, target, candidates, tmp_path):
+    res = eq.check_case(case, target, candidates=candidates, seed=0, failure_dir=str(tmp_path))
+    assert res.ok, f"{case.name}: {res.message} (reproduce from {res.failure_file})"
+    assert res.candidates >= 1
+
+
+@pytest.mark.parametrize("name", eq.FAST)
+def test_fast_subset(name, target, tmp_path):
+    _check(CORPUS[name], target, 1, tmp_path)
+
+
+def test_mismatch_is_saved_for_reproduction(target, tmp_path, monkeypatch):
+    real = eq.run_mod
+    calls = []
+
+    def corrupt_second(mod, tgt, arrays):
+        out = real(mod, tgt, arrays)
+        calls.append(1)
+        if len(calls) == 2:  # the first candidate: flip one output element
+            out[-1].flat[0] += 1
+        return out
+
+    monkeypatch.setattr(eq, "run_mod", corrupt_second)
+    res = eq.check_case(CORPUS["q_multiply_shift_per_axis"], target, candidates=1, failure_dir=str(tmp_path))
+    assert not res.ok and "differ" in res.message
+    text = open(res.failure_file).read()
+    assert "q_multiply_shift_per_axis" in text and "T.prim_func" in text and "sch." in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_full_corpus(name, target, tmp_path):
+    _check(CORPUS[name], target, 3, tmp_path)
