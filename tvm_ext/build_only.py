@@ -18,7 +18,7 @@ Public API
 build_only(tasks, target, ruleset="plugin", candidates_per_task=8, log=None, *, seed=0,
            compile=True, jobs=None, max_tries_per_candidate=25) -> list[dict]
 fusion_evidence(arch="sm_80", image=224, out_json=FUSION_JSON, *, candidates_per_task=2,
-                compile=True, log=None) -> dict
+                compile=True, log=None, max_tries_per_candidate=200) -> dict
 FUSION_JSON = "tuning_logs/fusion-resnet50-int8-cuda.json"
 """
 from __future__ import annotations
@@ -192,7 +192,7 @@ def _natural(name: str):
 
 def fusion_evidence(arch: str = "sm_80", image: int = 224, out_json: str = FUSION_JSON, *,
                     candidates_per_task: int = 2, compile: bool = True, log: LogSpec = None,  # noqa: A002
-                    seed: int = 0, tasks: Optional[int] = None) -> dict:
+                    seed: int = 0, tasks: Optional[int] = None, max_tries_per_candidate: int = 200) -> dict:
     """Kernels of the best build-only candidate per conv task of resnet50-int8 under
     ``plugin`` and ``no-inline-const``; writes ``out_json`` as
     ``{"arch", "rows": [{"task", "plugin_kernels", "no_inline_const_kernels"}]}``
@@ -209,7 +209,7 @@ def fusion_evidence(arch: str = "sm_80", image: int = 224, out_json: str = FUSIO
     for ruleset in FUSION_RULESETS:
         say(f"fusion evidence: {ruleset}, {len(conv)} conv tasks, image {image}, {arch}")
         per_ruleset[ruleset] = build_only(conv, target, ruleset, candidates_per_task, say, seed=seed,
-                                          compile=compile)
+                                          compile=compile, max_tries_per_candidate=max_tries_per_candidate)
     rows = []
     for a, b in zip(per_ruleset["plugin"], per_ruleset["no-inline-const"]):
         rows.append({
@@ -226,6 +226,7 @@ def fusion_evidence(arch: str = "sm_80", image: int = 224, out_json: str = FUSIO
         "image": image,
         "candidates_per_task": candidates_per_task,
         "compiled_with_nvcc": bool(compile),
+        "max_tries_per_candidate": max_tries_per_candidate,
         "command": f"python -c \"from tvm_ext.build_only import fusion_evidence; "
                    f"fusion_evidence('{arch}', {image}, candidates_per_task={candidates_per_task})\"",
         "rows": rows,
