@@ -196,6 +196,11 @@ def make_builder():
     return fast_local_builder(timeout_sec=BUILD_TIMEOUT_S)
 
 
+def task_logger(work_dir: str, task_name: str):
+    """MetaSchedule's per-task log file under ``<work_dir>/logs/`` (search, build errors)."""
+    return ms.logging.get_loggers_from_work_dir(work_dir, [task_name])[0]
+
+
 def search_strategy(trials: int):
     """Evolutionary search with a population scaled to the trial budget.
 
@@ -223,8 +228,11 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None, time
 
 
 def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
-         log: Callable[[str], None] = print, seed: int = 0) -> dict:
+         log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16) -> dict:
     """Tune every task of ``workload`` up to ``trials`` records each; resumable.
+
+    ``per_iter`` candidates are measured per search iteration; records reach the database
+    after each iteration, so that is also how much an interruption can lose.
 
     Returns the report (see ``report``) of the work dir after tuning.
     """
@@ -245,10 +253,11 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
         start = time.time()
         context = ms.TuneContext(mod=task.mod, target=target, space_generator=space(target, ruleset),
                                  search_strategy=search_strategy(trials), task_name=task.name,
-                                 rand_state=seed + i, num_threads="physical").clone()
+                                 rand_state=seed + i, num_threads="physical",
+                                 logger=task_logger(work_dir, task.name)).clone()
         ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=work_dir,
                       max_trials_global=trials - done, max_trials_per_task=trials - done,
-                      num_trials_per_iter=min(64, trials - done), database=database,
+                      num_trials_per_iter=min(per_iter, trials - done), database=database,
                       runner=runner, builder=make_builder())
         best = best_record(database, task.mod)
         secs = record_seconds(best) if best is not None else None

@@ -1,6 +1,10 @@
 """``tvm-ext tune``: tune every task of a workload into a resumable JSON database."""
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+
 from tvm_ext.commands.common import add_workload_args, check_workload_name, log
 
 
@@ -26,6 +30,9 @@ def add_parser(sub) -> None:
                         "cuda) and report kernels of the best-by-cost-model candidate per task")
     p.add_argument("--candidates", type=int, default=16,
                    help="candidates per task with --build-only (default 16)")
+    p.add_argument("--per-iter", type=int, default=16,
+                   help="candidates measured per search iteration; the database is written after "
+                        "each, so it bounds what an interruption loses (default 16)")
     p.add_argument("--json", action="store_true", help="print the resulting report as JSON")
     p.set_defaults(func=run)
 
@@ -50,17 +57,39 @@ def run(args) -> int:
     workload = load_workload(args)
     log(f"tuning into {work_dir} ({args.ruleset}, {args.trials} trials per task, target "
         f"{target.kind.name})")
-    try:
-        result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner, log=log)
-    except KeyboardInterrupt:
-        tuning.repair_database(work_dir, log)
-        log(f"interrupted: the database in {work_dir} is valid; run the same command to resume")
-        return 130
+    # stdout carries only the result (JSON or table); TVM's loggers print to stdout
+    with interrupt_guard() as interrupted, contextlib.redirect_stdout(sys.stderr):
+        try:
+            result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
+                                 log=log, per_iter=args.per_iter)
+        except BaseException:  # Ctrl-C inside TVM's C++ arrives wrapped in other exceptions
+            if not interrupted():
+                raise
+            tuning.repair_database(work_dir, log)
+            log(f"interrupted: the database in {work_dir} is valid; run the same command to resume")
+            return 130
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         print_report(result)
     return 0
+
+
+@contextlib.contextmanager
+def interrupt_guard():
+    """Remember whether SIGINT arrived, so an interrupt is recognized even when TVM's FFI
+    re-raises it as another exception type; yields a callable returning that flag."""
+    seen = []
+
+    def on_sigint(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield lambda: bool(seen)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _nonempty(path: str) -> bool:
@@ -81,7 +110,7 @@ def run_build_only(args, target) -> int:
         raise ValueError(f"--build-only is not available in this build ({err})") from None
     workload = load_workload(args)
     tasks = tuning.extract_tasks(workload, target)
-    rows = build_only(tasks, target, args.ruleset, args.candidates, log)
+    rows = build_only([(t.name, t.mod) for t in tasks], target, args.ruleset, args.candidates, log)
     if args.json:
         print(json.dumps({"workload": args.workload, "target": target.kind.name,
                           "ruleset": args.ruleset, "tasks": rows}, indent=1))

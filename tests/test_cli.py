@@ -1,0 +1,133 @@
+"""tvm-ext tune / report / bench from the shell: bad input, resume, interruption, exactness."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+SMALL = ["--image", "8", "--batch", "1"]
+
+
+def cli(*args, check=True, timeout=900):
+    proc = subprocess.run([sys.executable, "-m", "tvm_ext", *args], capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"tvm-ext {' '.join(args)} -> {proc.returncode}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.mark.parametrize("args,message", [
+    (["tune", "resnet18-int8"], "unknown workload 'resnet18-int8'"),
+    (["tune", "conv2d-int8", "--ruleset", "fastest"], "unknown ruleset 'fastest'"),
+    (["tune", "conv2d-int8", "--target", '{"kind": "llvm"'], "malformed target JSON"),
+    (["bench", "conv2d-int8", "--rulesets", "plugin,nope"], "unknown ruleset 'nope'"),
+    (["report", "/nonexistent/dir"], "not a tvm_ext tuning database"),
+])
+def test_bad_input_is_one_clear_line(args, message):
+    proc = cli(*args, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_work_dir_that_is_not_a_database(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    proc = cli("tune", "conv2d-int8", *SMALL, "--work-dir", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "not a tvm_ext tuning database" in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    work_dir = str(tmp_path_factory.mktemp("db") / "conv")
+    first = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", work_dir, "--json")
+    return work_dir, json.loads(first.stdout), first.stderr
+
+
+def test_tune_writes_a_database_and_report(tuned):
+    work_dir, result, progress = tuned
+    assert "[1/1]" in progress and "tuning 2 trials" in progress
+    assert result["workload"] == "conv2d-int8" and result["ruleset"] == "plugin"
+    (task,) = result["tasks"]
+    assert task["trials"] == 2 and task["weight"] == 1
+    assert task["best_us"] > 0 and task["kernels"] >= 1
+    assert result["e2e_us"] == pytest.approx(task["best_us"])
+    report = json.loads(cli("report", work_dir, "--json").stdout)
+    assert report == result
+    assert {"workload", "target", "ruleset", "tasks", "e2e_us"} <= set(report)
+
+
+def test_rerun_resumes_without_new_trials(tuned):
+    work_dir, result, _ = tuned
+    again = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", work_dir, "--json")
+    assert "already in the database" in again.stderr
+    assert json.loads(again.stdout)["tasks"][0]["trials"] == 2
+
+
+def test_database_for_another_workload_is_refused(tuned):
+    work_dir, _, _ = tuned
+    proc = cli("tune", "conv2d-int8", "--image", "10", "--work-dir", work_dir, check=False)
+    assert proc.returncode == 2 and "was made for options" in proc.stderr
+    proc = cli("tune", "conv2d-int8", *SMALL, "--target", "cuda-sm80", "--work-dir", work_dir,
+               check=False)
+    assert proc.returncode == 2 and "target kind" in proc.stderr
+
+
+def test_partial_write_is_repaired(tuned, tmp_path):
+    import shutil
+
+    work_dir, _, _ = tuned
+    copy = str(tmp_path / "copy")
+    shutil.copytree(work_dir, copy)
+    with open(os.path.join(copy, "database_tuning_record.json"), "a") as f:
+        f.write('[0, [[["GetSBlock", [], ["conv')  # what a kill in mid-write leaves
+    report = json.loads(cli("report", copy, "--json").stdout)
+    assert report["tasks"][0]["trials"] == 2
+
+
+def test_ctrl_c_leaves_a_valid_database_and_resume_finishes(tmp_path):
+    work_dir = str(tmp_path / "interrupted")
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_ext", "tune", "conv2d-int8", *SMALL,
+                             "--trials", "6", "--per-iter", "2", "--work-dir", work_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = os.path.join(work_dir, "database_tuning_record.json")
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(records) and os.path.getsize(records) > 0:
+            break
+        time.sleep(1)
+    assert proc.poll() is None, "tuning finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    assert "resume" in err
+    partial = json.loads(cli("report", work_dir, "--json").stdout)["tasks"][0]["trials"]
+    assert 1 <= partial < 6
+    done = json.loads(cli("tune", "conv2d-int8", *SMALL, "--trials", "6", "--work-dir", work_dir,
+                          "--json").stdout)
+    assert done["tasks"][0]["trials"] == 6
+
+
+def test_bench_checks_exactness_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin,upstream", "--trials", "2",
+               "--rounds", "3", "--logs-dir", str(tmp_path), "--out", str(out))
+    result = json.loads(out.read_text())
+    assert {"workload", "target", "trials_per_task", "rows"} <= set(result)
+    assert [r["ruleset"] for r in result["rows"]] == ["plugin", "upstream"]
+    for row in result["rows"]:
+        assert row["exact_match"] is True and row["e2e_ms"] > 0
+    assert result["rows"][0]["ratio_to_plugin"] == 1.0
+    assert "vs plugin" in proc.stdout
+
+
+def test_cuda_build_only_without_a_gpu():
+    proc = cli("tune", "conv2d-int8", *SMALL, "--target", "cuda-sm80", "--build-only",
+               "--candidates", "2", "--json")
+    result = json.loads(proc.stdout)
+    (row,) = result["tasks"]
+    assert result["target"] == "cuda"
+    assert row["kernels"] == 1  # conv + requantize epilogue in one kernel under plugin
+    assert row["build_failures"] == 0
