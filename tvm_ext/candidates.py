@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -184,13 +185,22 @@ def compile_cuda(source: str, arch: str, timeout: float = 600) -> tuple[bool, st
         with open(src, "w", encoding="utf-8") as f:
             f.write(source)
         cmd = [exe, "--cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", os.path.join(tmp, "kernels.cubin"), src]
+        # own process group: on timeout nvcc's children (cicc, ptxas) die too, or they
+        # would keep the pipes open and the wait would never end
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
+                                start_new_session=True)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.communicate()
             return False, f"nvcc timed out after {timeout:.0f} s"
     if proc.returncode == 0:
         return True, ""
-    return False, _error_line(proc.stdout + "\n" + proc.stderr)
+    return False, _error_line(out + "\n" + err)
 
 
 def default_jobs() -> int:
