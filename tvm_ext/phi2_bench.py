@@ -101,24 +101,39 @@ def dlight_rules(target):
     return [dl.cpu.GEMV(), dl.cpu.Reduction()]
 
 
-def dlight_schedule(mod, target):
+def dlight_schedule(mod, target, validate=None):
     """(rule name, Schedule) for the first dlight rule that applies; ("none", None) if none
-    does (on llvm the kernel then compiles unscheduled)."""
+    does (on llvm the kernel then compiles unscheduled).  With ``validate`` (a callable that
+    raises when a scheduled module does not build), a rule whose schedule fails is skipped
+    and named in the result, e.g. "Fallback (GEMV failed)"."""
     func = mod["main"]
+    failed = []
     with target:
         for rule in dlight_rules(target):
+            name = type(rule).__name__
             try:
                 sch = rule.apply(func, target, False)
             except Exception:  # a rule that crashes counts as not applying
                 sch = None
+            if isinstance(sch, (list, tuple)):
+                sch = sch[0] if sch else None
             if sch is None:
                 continue
-            if isinstance(sch, (list, tuple)):
-                if not sch:
+            if validate is not None:
+                try:
+                    validate(sch.mod)
+                except Exception:  # noqa: BLE001
+                    failed.append(name)
                     continue
-                sch = sch[0]
-            return type(rule).__name__, sch
-    return "none", None
+            return (f"{name} ({', '.join(failed)} failed)" if failed else name), sch
+    return ("none" + (f" ({', '.join(failed)} failed)" if failed else "")), None
+
+
+def _validate_build(target):
+    if not _is_gpu(target):
+        return None
+    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    return lambda m: _build(m, target)
 
 
 def _build(mod, target):
@@ -251,7 +266,12 @@ def seed_database(db, mods, dlight, target, dlight_secs):
             continue
         wl = db.commit_workload(mod)
         sch = dlight[name][1]
-        trace = sch.trace if sch is not None else Schedule(mod).trace
+        if sch is None:
+            # no dlight rule: seed the unscheduled kernel.  A record with an empty trace is
+            # written but never returned by JSONDatabase queries, so record a no-op lookup.
+            sch = Schedule(mod)
+            sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
+        trace = sch.trace
         db.commit_tuning_record(
             ms.database.TuningRecord(
                 trace, wl, run_secs=[float(dlight_secs[name])], target=target,
@@ -418,7 +438,7 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
     mods = {}
     for k in ks.kernels:
         mods.setdefault(k.name, normalize(k.func))
-    dl = {name: dlight_schedule(m, target) for name, m in mods.items()}
+    dl = {name: dlight_schedule(m, target, _validate_build(target)) for name, m in mods.items()}
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
     dl_secs, beat = {}, {"metaschedule": {}, "seeded": {}}
     if not build_only:
