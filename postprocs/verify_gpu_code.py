@@ -5,7 +5,8 @@ TVM's GPU build lowers it -- including ``LowerIntrin``, which expands
 ``q_multiply_shift`` / ``q_multiply_shift_per_axis`` into int64 arithmetic -- and
 then checked for: threads per block, shared memory per block, virtual threads,
 thread-extent annotations of MetaSchedule, and the byte width of every vector it
-finds in loads, stores *and Cast nodes*. A requantize loop vectorized by 4 casts to
+finds in loads, stores *and Cast nodes*, and broadcasts of narrow integers with more
+than 4 lanes (TVM 0.27's CUDA codegen emits them in a form nvcc rejects). A requantize loop vectorized by 4 casts to
 ``int64x4`` (32 bytes) after lowering; a check that looks only at loads and stores
 accepts it and the candidate then fails in codegen.
 
@@ -42,6 +43,11 @@ VTHREAD = "vthread"
 VECTOR_LOAD = "vector_width:load"
 VECTOR_STORE = "vector_width:store"
 VECTOR_CAST = "vector_width:cast"
+VECTOR_BROADCAST = "vector_width:broadcast"
+# TVM 0.27's CUDA codegen emits a broadcast of 8- or 16-bit integers with more lanes than
+# this as make_uint2/4(...) with one argument per lane: "too many arguments" in nvcc.
+# (int8x4 packs into one int and compiles; int8x8, int8x16, int16x8 do not.)
+MAX_NARROW_INT_BROADCAST_LANES = 4
 THREAD_ANNOTATION = "thread_extent_annotation"
 LOWERING = "lowering_failed"
 
@@ -199,6 +205,11 @@ def check_lowered(func: tirx.PrimFunc, limits: dict) -> tuple[str, str] | None:
         for ty in (cast.ty, cast.value.ty):
             if dtype_lanes(ty) > 1 and dtype_bytes(ty) > MAX_VECTOR_BYTES:
                 return VECTOR_CAST, f"vector cast {cast.value.ty} -> {cast.ty}: {ty} is {dtype_bytes(ty)} bytes > {MAX_VECTOR_BYTES}"
+    for broadcast in collect(func.body, tirx.Broadcast):
+        dt = tvm.DataType(str(broadcast.ty))
+        if dt.type_code in (0, 1) and dt.bits <= 16 and dt.lanes > MAX_NARROW_INT_BROADCAST_LANES:
+            return VECTOR_BROADCAST, (f"broadcast {broadcast.ty}: TVM's CUDA codegen writes it as "
+                                      f"make_uintN with one argument per lane, which nvcc rejects")
     return None
 
 

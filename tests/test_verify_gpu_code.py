@@ -153,3 +153,26 @@ def test_agrees_with_builtin_on_200_sampled_candidates_of_the_seed_conv():
             differences.append((verdict, theirs, sch.trace))
     assert accepted > 0 and accepted < len(candidates)  # both kinds of decision occur
     assert differences == [], f"{len(differences)} disagreements, first: {differences[0][:2]}"
+
+
+def padded_uint8_copy(vec):
+    """Rows padded with a zero point; the vectorized pad value is a broadcast of ``vec`` lanes."""
+    a = te.placeholder((64, 64), "uint8", name="a")
+    b = te.compute((72, 64), lambda i, j: tvm.tirx.if_then_else(
+        i < 64, a[tvm.tirx.min(i, 63), j], tvm.tirx.const(3, "uint8")), name="b")
+    sch = Schedule(te.create_prim_func([a, b]))
+    i, j = sch.get_loops(sch.get_sblock("b"))
+    jo, v = sch.split(j, [None, vec])
+    bx, tx = sch.split(sch.fuse(i, jo), [None, 8])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+    return sch
+
+
+def test_narrow_integer_broadcast_over_4_lanes_is_rejected():
+    """uint8x16 is 16 bytes, within the width limit, yet TVM's CUDA codegen writes the
+    broadcast as make_uint4 with 16 arguments and nvcc fails; 4 lanes compile."""
+    reason, message = ours(padded_uint8_copy(16))
+    assert reason == "vector_width:broadcast" and "uint8x16" in message
+    assert ours(padded_uint8_copy(4)) is None
