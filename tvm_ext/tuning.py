@@ -227,8 +227,32 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None, time
     return ms.runner.RPCRunner(rpc_config=config, max_workers=1)
 
 
+class TuningInterrupted(Exception):
+    """Raised between measurement batches once ``should_stop`` says so."""
+
+
+def stop_callback(should_stop: Callable[[], bool]):
+    """A measure callback that ends tuning after a batch has reached the database.
+
+    Raising here, on the task scheduler's own thread after AddToDatabase, unwinds through
+    TVM cleanly; an asynchronous KeyboardInterrupt inside TVM's C++ can abort the process.
+    """
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class StopWhenAsked(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+                  runner_results) -> None:
+            if should_stop():
+                raise TuningInterrupted("tuning stopped on request")
+
+    return StopWhenAsked()
+
+
 def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
-         log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16) -> dict:
+         log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16,
+         should_stop: Callable[[], bool] = lambda: False) -> dict:
     """Tune every task of ``workload`` up to ``trials`` records each; resumable.
 
     ``per_iter`` candidates are measured per search iteration; records reach the database
@@ -242,7 +266,11 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
     tasks = extract_tasks(workload, target)
     save_tasks(work_dir, meta, tasks)
     runner = runner if runner is not None else make_runner()
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+    callbacks.append(stop_callback(should_stop))  # after AddToDatabase
     for i, task in enumerate(tasks, 1):
+        if should_stop():
+            raise TuningInterrupted("tuning stopped on request")
         database = open_database(work_dir)
         done = len(records_of(database, task.mod))
         head = f"[{i}/{len(tasks)}] {task.name} (x{task.weight})"
@@ -258,7 +286,7 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
         ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=work_dir,
                       max_trials_global=trials - done, max_trials_per_task=trials - done,
                       num_trials_per_iter=min(per_iter, trials - done), database=database,
-                      runner=runner, builder=make_builder())
+                      runner=runner, builder=make_builder(), measure_callbacks=callbacks)
         best = best_record(database, task.mod)
         secs = record_seconds(best) if best is not None else None
         shown = f"{secs * 1e6:.1f} us" if secs is not None else "no valid run"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 
@@ -13,7 +14,8 @@ def add_parser(sub) -> None:
         "tune", help="tune a workload's tasks into a MetaSchedule JSON database",
         description="Extract the workload's fused tasks and tune each with MetaSchedule into a "
                     "JSON database in the work dir. Running the same command again resumes: "
-                    "each task is tuned only up to --trials records. Ctrl-C or a kill leaves a "
+                    "each task is tuned only up to --trials records. Ctrl-C stops after the "
+                    "current measurement batch (twice: at once); Ctrl-C or a kill leaves a "
                     "valid database.")
     add_workload_args(p)
     p.add_argument("--trials", type=int, default=64, help="trials per task (default 64)")
@@ -61,13 +63,17 @@ def run(args) -> int:
     with interrupt_guard() as interrupted, contextlib.redirect_stdout(sys.stderr):
         try:
             result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
-                                 log=log, per_iter=args.per_iter)
-        except BaseException:  # Ctrl-C inside TVM's C++ arrives wrapped in other exceptions
+                                 log=log, per_iter=args.per_iter, should_stop=interrupted)
+        except BaseException:  # the stop arrives wrapped in TVM's error types
             if not interrupted():
                 raise
             tuning.repair_database(work_dir, log)
             log(f"interrupted: the database in {work_dir} is valid; run the same command to resume")
-            return 130
+            # TVM's worker pools can re-raise the interrupt while the interpreter shuts down,
+            # turning exit code 130 into death by SIGINT; the database is safe, so leave now.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -77,12 +83,16 @@ def run(args) -> int:
 
 @contextlib.contextmanager
 def interrupt_guard():
-    """Remember whether SIGINT arrived, so an interrupt is recognized even when TVM's FFI
-    re-raises it as another exception type; yields a callable returning that flag."""
+    """First Ctrl-C: remember it, and tuning stops after the current measurement batch
+    (see tuning.stop_callback). Second Ctrl-C: stop at once. Yields the flag as a callable."""
     seen = []
 
     def on_sigint(signum, frame):
         seen.append(signum)
+        if len(seen) == 1:
+            print("stopping after the current measurement batch (Ctrl-C again to stop now)",
+                  file=sys.stderr, flush=True)
+            return
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, on_sigint)
