@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+import tvm
 
 SMALL = ["--image", "8", "--batch", "1"]
 
@@ -131,3 +132,15 @@ def test_cuda_build_only_without_a_gpu():
     assert result["target"] == "cuda"
     assert row["kernels"] == 1  # conv + requantize epilogue in one kernel under plugin
     assert row["build_failures"] == 0
+
+
+def test_database_schedules_every_tuned_function(tuned):
+    """The compiled network uses the database: every tuned PrimFunc comes out scheduled."""
+    from tvm_ext import tuning, workloads
+    from tvm_ext.targets import resolve_target
+
+    work_dir, _, _ = tuned
+    workload = workloads.get("conv2d-int8", image=8, batch=1, seed=0)
+    mod = tuning.apply_database(workload, resolve_target("llvm"), work_dir)
+    funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert funcs and all(f.attrs.get("tirx.is_scheduled") for f in funcs)
