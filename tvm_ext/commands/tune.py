@@ -54,8 +54,8 @@ def run(args) -> int:
         return run_build_only(args, target)
     runner = tuning.make_runner(args.rpc_tracker, args.rpc_key)
     work_dir = args.work_dir or tuning.default_work_dir(args.workload, target, args.ruleset)
-    if args.work_dir is not None:
-        tuning.read_meta(work_dir) if _nonempty(work_dir) else None  # refuse a foreign dir early
+    if args.work_dir is not None and _nonempty(work_dir):
+        tuning.read_meta(work_dir)  # refuse a directory that is not a database before building
     workload = load_workload(args)
     log(f"tuning into {work_dir} ({args.ruleset}, {args.trials} trials per task, target "
         f"{target.kind.name})")
