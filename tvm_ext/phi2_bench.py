@@ -42,42 +42,8 @@ N_LAYERS = 32
 
 
 # --------------------------------------------------------------------------- helpers
-def resolve_target(target):
-    import tvm
-
-    if isinstance(target, tvm.target.Target):
-        return target
-    try:
-        from tvm_ext.targets import resolve_target as _rt
-
-        return _rt(target)
-    except ImportError:
-        pass
-    if target == "cuda":
-        return cuda_target()
-    return tvm.target.Target(target)
-
-
-def cuda_target(arch="sm_80"):
-    import tvm
-
-    return tvm.target.Target(
-        {"kind": "cuda", "arch": arch, "max_threads_per_block": 1024,
-         "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
-    )
-
-
-def space(target):
-    """tvm_ext.space(target) once it exists, else MetaSchedule's default post-order-apply."""
-    try:
-        import tvm_ext
-
-        fn = getattr(tvm_ext, "space", None)
-        if fn is not None:
-            return fn(target)
-    except ImportError:
-        pass
-    return "post-order-apply"
+from tvm_ext.rulesets import space  # noqa: E402  (our rules and postprocs for the target)
+from tvm_ext.targets import cuda_target, resolve_target  # noqa: E402,F401  (used by tests too)
 
 
 def _is_gpu(target):
@@ -280,27 +246,12 @@ def seed_database(db, mods, dlight, target, dlight_secs):
         )
 
 
-def _fast_build(mod, target, _params):
-    """MetaSchedule's default build without ``import tvm.s_tir.tensor_intrin``, which takes
-    ~45 s on the 2-core build machines: more than LocalBuilder's 30 s timeout, so with the
-    default builder every candidate fails with "LocalBuilder: Timeout"."""
-    from tvm.driver import build as tvm_build
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-    return tvm_build(mod, target=target)
-
-
 def builder():
-    """A LocalBuilder usable on slow machines (see _fast_build); the functions travel to the
-    worker by value, so tvm_ext need not be importable there."""
-    import sys
+    """A LocalBuilder whose workers skip ``import tvm.s_tir.tensor_intrin`` (~45 s here,
+    more than LocalBuilder's default 30 s timeout, so every candidate failed)."""
+    from tvm_ext.rules.vnni_tensorize import fast_local_builder
 
-    import cloudpickle
-    from tvm.s_tir import meta_schedule as ms
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    return ms.builder.LocalBuilder(f_build=_fast_build, timeout_sec=120)
+    return fast_local_builder(timeout_sec=120)
 
 
 def runner(gpu):
