@@ -38,11 +38,9 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     runs, rows = {}, []
     for ruleset in rulesets:
         work_dir = tuning.default_work_dir(workload.name, target, ruleset, work_root)
-        if from_logs:
-            tuning.read_meta(work_dir)  # a clear error when the committed database is missing
-        else:
+        if not from_logs:
             tuning.tune(workload, target, work_dir, trials, ruleset, log=log)
-        meta = tuning.read_meta(work_dir)
+        meta = tuning.read_meta(work_dir)  # a clear error when a committed database is missing
         if meta["options"] != workload.options:
             raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, "
                                           f"not {workload.options}")
@@ -54,8 +52,10 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         dev = tuning.device_for(target)
         args = [tvm.runtime.tensor(x, dev) for x in workload.inputs]
         runs[ruleset] = (lambda vm=vm, args=args, dev=dev: (vm["main"](*args), dev.sync()))
+        summary = tuning.report(work_dir)
         rows.append({"ruleset": ruleset, "exact_match": bool(ok), "work_dir": work_dir,
-                     "e2e_estimate_ms": _estimate_ms(work_dir)})
+                     "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
+                     "min_trials": min((t["trials"] for t in summary["tasks"]), default=None)})
     log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
     medians = time_interleaved(runs, rounds)
     base = medians.get("plugin", medians[rulesets[0]])
@@ -63,7 +63,8 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         row["e2e_ms"] = medians[row["ruleset"]] * 1e3
         row["ratio_to_plugin"] = medians[row["ruleset"]] / base
     result = {"workload": workload.name, "options": workload.options, "target": target.kind.name,
-              "trials_per_task": trials if not from_logs else _trials_in_logs(rows),
+              "trials_per_task": trials if not from_logs else min(
+                  (r["min_trials"] for r in rows if r["min_trials"] is not None), default=None),
               "rounds": rounds, "rows": rows}
     if out_json:
         os.makedirs(os.path.dirname(out_json) or ".", exist_ok=True)
@@ -71,16 +72,6 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
             json.dump(result, f, indent=1)
         log(f"wrote {out_json}")
     return result
-
-
-def _estimate_ms(work_dir: str):
-    e2e = tuning.report(work_dir)["e2e_us"]
-    return None if e2e is None else e2e / 1e3
-
-
-def _trials_in_logs(rows) -> int | None:
-    counts = [t["trials"] for row in rows for t in tuning.report(row["work_dir"])["tasks"]]
-    return min(counts) if counts else None
 
 
 def format_table(result: dict) -> str:
