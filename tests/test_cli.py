@@ -55,6 +55,7 @@ def test_tune_writes_a_database_and_report(tuned):
     assert task["trials"] == 2 and task["weight"] == 1
     assert task["best_us"] > 0 and task["kernels"] >= 1
     assert result["e2e_us"] == pytest.approx(task["best_us"])
+    assert task["tuning_s"] > 0 and result["tuning_s"] == task["tuning_s"]
     report = json.loads(cli("report", work_dir, "--json").stdout)
     assert report == result
     assert {"workload", "target", "ruleset", "tasks", "e2e_us"} <= set(report)
@@ -65,6 +66,7 @@ def test_rerun_resumes_without_new_trials(tuned):
     again = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", work_dir, "--json")
     assert "already in the database" in again.stderr
     assert json.loads(again.stdout)["tasks"][0]["trials"] == 2
+    assert json.loads(again.stdout)["tuning_s"] == result["tuning_s"]  # kept, nothing added
 
 
 def test_database_for_another_workload_is_refused(tuned):

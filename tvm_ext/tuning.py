@@ -133,6 +133,7 @@ def extract_tasks(workload, target) -> list[Task]:
 def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
     """Store every task's module so that reports need not rebuild the workload."""
     entries = []
+    spent = {e["name"]: e["tuning_s"] for e in meta.get("tasks", []) if "tuning_s" in e}
     for i, task in enumerate(tasks):
         file = os.path.join("tasks", f"{i:03d}_{task.name[:80]}.json")
         path = os.path.join(work_dir, file)
@@ -140,7 +141,10 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
             with open(path + ".tmp", "w", encoding="utf-8") as f:
                 f.write(tvm.ir.save_json(task.mod))
             os.replace(path + ".tmp", path)
-        entries.append({"name": task.name, "weight": task.weight, "file": file})
+        entry = {"name": task.name, "weight": task.weight, "file": file}
+        if task.name in spent:  # kept across resumed runs
+            entry["tuning_s"] = spent[task.name]
+        entries.append(entry)
     meta["tasks"] = entries
     write_meta(work_dir, meta)
 
@@ -290,8 +294,20 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
         best = best_record(database, task.mod)
         secs = record_seconds(best) if best is not None else None
         shown = f"{secs * 1e6:.1f} us" if secs is not None else "no valid run"
-        log(f"{head}: best {shown} after {time.time() - start:.0f} s")
+        elapsed = time.time() - start
+        add_tuning_seconds(work_dir, task.name, elapsed)
+        log(f"{head}: best {shown} after {elapsed:.0f} s")
     return report(work_dir)
+
+
+def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:
+    """Add wall seconds spent tuning ``task_name`` to the work dir's metadata: what a user
+    pays for the schedules (summed over resumed runs; an interrupted run is not counted)."""
+    meta = read_meta(work_dir)
+    for entry in meta["tasks"]:
+        if entry["name"] == task_name:
+            entry["tuning_s"] = round(entry.get("tuning_s", 0.0) + seconds, 1)
+    write_meta(work_dir, meta)
 
 
 def report(work_dir: str) -> dict:
@@ -300,13 +316,15 @@ def report(work_dir: str) -> dict:
     repair_database(work_dir, log=lambda _: None)
     database = open_database(work_dir)
     rows, total, complete = [], 0.0, True
+    tuning_s = {e["name"]: e.get("tuning_s") for e in meta["tasks"]}
     for task in load_tasks(work_dir, meta):
         best = best_record(database, task.mod)
         secs = record_seconds(best) if best is not None else None
         row = {"name": task.name, "weight": task.weight,
                "trials": len(records_of(database, task.mod)),
                "best_us": None if secs is None else secs * 1e6,
-               "kernels": None if best is None else kernels_of(best, task.mod)}
+               "kernels": None if best is None else kernels_of(best, task.mod),
+               "tuning_s": tuning_s.get(task.name)}
         if secs is None:
             complete = False
         else:
@@ -315,7 +333,8 @@ def report(work_dir: str) -> dict:
     return {"workload": meta["workload"], "options": meta["options"],
             "target": meta["target"].get("kind"), "target_detail": meta["target"],
             "ruleset": meta["ruleset"], "tasks": rows,
-            "e2e_us": total if complete and rows else None}
+            "e2e_us": total if complete and rows else None,
+            "tuning_s": sum(t["tuning_s"] or 0.0 for t in rows)}
 
 
 # ----------------------------------------------------------------------------- compile/run

@@ -30,15 +30,21 @@ def _us(value) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _s(value) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def print_report(result: dict) -> None:
     print(f"{result['workload']} {result['options']}  target {result['target']}  "
           f"ruleset {result['ruleset']}")
     width = max([len(t["name"]) for t in result["tasks"]] + [4])
-    print(f"{'task':<{width}}  {'weight':>6}  {'trials':>6}  {'best us':>10}  {'kernels':>7}")
+    print(f"{'task':<{width}}  {'weight':>6}  {'trials':>6}  {'best us':>10}  {'kernels':>7}  {'tuning s':>8}")
     for t in result["tasks"]:
         kernels = "-" if t["kernels"] is None else t["kernels"]
         print(f"{t['name']:<{width}}  {t['weight']:>6}  {t['trials']:>6}  {_us(t['best_us']):>10}  "
-              f"{kernels:>7}")
+              f"{kernels:>7}  {_s(t.get('tuning_s')):>8}")
     e2e = result["e2e_us"]
     print(f"weighted end-to-end estimate: {'-' if e2e is None else f'{e2e / 1000:.3f} ms'}"
           + ("" if e2e is not None else " (some task has no valid measurement)"))
+    if result.get("tuning_s"):
+        print(f"tuning time: {result['tuning_s']:.0f} s in all (wall clock, summed over runs)")
