@@ -13,23 +13,12 @@ tune_context(mod, target, space, task_name="main") -> ms.TuneContext
 sample_candidates(mod, target, space, n, seed=0, ...) -> list[Schedule]
 non_verify_postprocs(space) -> list[Postproc]
 cuda_source(sch_or_mod, target) -> str
-compile_cuda(source, arch, timeout=600) -> (ok, error_line)
-compile_many(sources, arch, jobs=None) -> list[(ok, error_line)]
-CompilePool(arch, jobs)                      (submit(source) -> Future of (ok, error_line))
+compile_cuda, compile_many, CompilePool     re-exported from tvm_ext.nvcc (nvcc, batched)
 count_kernels(mod_or_sch, target=None) -> int
 """
 from __future__ import annotations
 
-import hashlib
-import os
 import random
-import re
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Optional
 
 import tvm
@@ -38,20 +27,9 @@ from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Schedule, Trace
 
-# Flags TVM's own nvcc path passes; the half/bfloat operator macros matter for fp16 kernels.
-NVCC_FLAGS = (
-    "-O3",
-    "-U__CUDA_NO_HALF_OPERATORS__",
-    "-U__CUDA_NO_HALF_CONVERSIONS__",
-    "-U__CUDA_NO_BFLOAT16_OPERATORS__",
-    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-    "-U__CUDA_NO_BFLOAT162_OPERATORS__",
-    "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
-    "--expt-relaxed-constexpr",
-    "--expt-extended-lambda",
-    "--use_fast_math",
-    "-w",  # unused-variable warnings of generated code are noise here
-)
+# nvcc moved to tvm_ext.nvcc (batched compiles); re-exported for existing callers
+from tvm_ext.nvcc import (NVCC_FLAGS, CompilePool, compile_cuda, compile_many,  # noqa: F401
+                          default_jobs, nvcc_path)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -153,102 +131,6 @@ def _walk_imports(module) -> Iterable:
         m = stack.pop()
         yield m
         stack.extend(m.imports)
-
-
-# --------------------------------------------------------------------------- nvcc
-def nvcc_path() -> Optional[str]:
-    return shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
-    )
-
-
-def _error_line(output: str) -> str:
-    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    for ln in lines:
-        if re.search(r"\berror\b", ln, re.IGNORECASE):
-            # drop the temp file path, keep "(line): error: ..."
-            return re.sub(r"^\S*?kernels\.cu", "kernels.cu", ln)[:300]
-    return (lines[-1] if lines else "nvcc failed without output")[:300]
-
-
-def compile_cuda(source: str, arch: str, timeout: float = 600) -> tuple[bool, str]:
-    """Compile ``source`` with nvcc to a cubin for ``arch`` (e.g. "sm_80").
-
-    Goes through ptxas (not only to PTX), so resource errors such as too much static
-    shared memory are caught too.  Returns (ok, first error line; "" when ok).
-    """
-    exe = nvcc_path()
-    if exe is None:
-        raise FileNotFoundError("nvcc not found on PATH")
-    with tempfile.TemporaryDirectory(prefix="tvm_ext_nvcc_") as tmp:
-        src = os.path.join(tmp, "kernels.cu")
-        with open(src, "w", encoding="utf-8") as f:
-            f.write(source)
-        cmd = [exe, "--cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", os.path.join(tmp, "kernels.cubin"), src]
-        # own process group: on timeout nvcc's children (cicc, ptxas) die too, or they
-        # would keep the pipes open and the wait would never end
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.communicate()
-            return False, f"nvcc timed out after {timeout:.0f} s"
-    if proc.returncode == 0:
-        return True, ""
-    return False, _error_line(out + "\n" + err)
-
-
-def default_jobs() -> int:
-    """nvcc processes to run at once: the CPUs this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover
-        return max(1, os.cpu_count() or 1)
-
-
-class CompilePool:
-    """nvcc compiles in background threads (subprocesses), with a cache by source.
-
-    ``submit(source)`` returns a Future of (ok, error_line); identical sources are
-    compiled once.  Use as a context manager or call ``shutdown()``.
-    """
-
-    def __init__(self, arch: str, jobs: Optional[int] = None, timeout: float = 600) -> None:
-        self.arch = arch
-        self.timeout = timeout
-        self.pool = ThreadPoolExecutor(max_workers=jobs or default_jobs(), thread_name_prefix="nvcc")
-        self.cache: dict = {}
-        self.lock = threading.Lock()
-
-    def submit(self, source: str) -> Future:
-        key = hashlib.sha1(source.encode("utf-8", "replace")).hexdigest()
-        with self.lock:
-            fut = self.cache.get(key)
-            if fut is None:
-                fut = self.pool.submit(compile_cuda, source, self.arch, self.timeout)
-                self.cache[key] = fut
-        return fut
-
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.shutdown()
-
-
-def compile_many(sources: list, arch: str, jobs: Optional[int] = None) -> list:
-    """compile_cuda over many sources on ``jobs`` processes at once; results in order."""
-    with CompilePool(arch, jobs) as pool:
-        futures = [pool.submit(s) for s in sources]
-        return [f.result() for f in futures]
 
 
 # --------------------------------------------------------------------------- kernels
