@@ -12,7 +12,10 @@ finds no match (issue 6). Here we use the layouts that do match:
   packed once, at build time, and passed as constants (they are parameters of the
   PrimFunc; ``constants`` gives their values);
 * output NCHW16c ``(N, O // 16, OH, OW, 16)`` uint8, i.e. the next layer's input layout;
-* dense: data ``(M, K)`` uint8, weight ``(N // 16, K // 4, 16, 4)`` int8.
+* dense: data ``(M, K)`` uint8, weight ``(ceil(N / 16), K // 4, 16, 4)`` int8 (rows past N zero).
+
+``qnn_packed`` emits whole recorded networks (``resnet50-int8-nchwc``) with the
+accumulators of this module (``conv2d_nchwc_acc``, ``dense_acc``) and the packers.
 
 Every kernel carries the requantize epilogue of the NHWC workload: subtract the input
 zero-point term (``zp_x * sum(w)``, precomputed per output channel, with padding filled
@@ -65,6 +68,11 @@ def choose_requant(acc_std: np.ndarray, out_std: float = 40.0):
 
 
 # --------------------------------------------------------------------------- layouts
+def channel_block(channels: int) -> int:
+    """The NCHW[cb]c block for an activation of ``channels``: 16, else 4 (padded up)."""
+    return OC_BLOCK if channels % OC_BLOCK == 0 else K_BLOCK
+
+
 def pack_activation(x_nhwc: np.ndarray, cb: int) -> np.ndarray:
     """NHWC uint8 -> NCHW[cb]c, channels zero-padded up to a multiple of cb."""
     n, h, w, c = x_nhwc.shape
@@ -94,11 +102,14 @@ def pack_conv_weight(w_ohwi: np.ndarray, cb: int) -> np.ndarray:
 
 
 def pack_dense_weight(w_nk: np.ndarray) -> np.ndarray:
-    """(N, K) int8 -> (N // 16, K // 4, 16, 4)."""
+    """(N, K) int8 -> (ceil(N / 16), K // 4, 16, 4), rows beyond N zero."""
     n, k = w_nk.shape
-    assert n % OC_BLOCK == 0 and k % K_BLOCK == 0, (n, k)
+    assert k % K_BLOCK == 0, (n, k)
+    np_ = -(-n // OC_BLOCK) * OC_BLOCK
+    if np_ != n:
+        w_nk = np.concatenate([w_nk, np.zeros((np_ - n, k), w_nk.dtype)], axis=0)
     return np.ascontiguousarray(
-        w_nk.reshape(n // OC_BLOCK, OC_BLOCK, k // K_BLOCK, K_BLOCK).transpose(0, 2, 1, 3)
+        w_nk.reshape(np_ // OC_BLOCK, OC_BLOCK, k // K_BLOCK, K_BLOCK).transpose(0, 2, 1, 3)
     )
 
 
@@ -117,26 +128,18 @@ def _requant_expr(acc, corr, mult, rshift, zp_out: int):
     return tirx.Cast("uint8", tirx.max(tirx.min(y, tirx.const(255, "int32")), tirx.const(0, "int32")))
 
 
-def conv2d_nchwc_int8_te(
-    n: int, c_in: int, h: int, w: int, c_out: int, kh: int, kw: int,
-    stride: int = 1, pad: int = 0, cb: int = 16, zp_x: int = 0, zp_out: int = 0,
-):
-    """TE tensors of a packed quantized conv2d + requantize.
+def conv2d_nchwc_acc(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, pad: int = 0,
+                     zp_x: int = 0) -> te.Tensor:
+    """int32 accumulator of a packed uint8 x int8 conv2d (no epilogue).
 
-    Returns ``(args, out)``: args = [data (N, C/cb, H, W, cb) u8,
-    weight (O/16, C/cb, KH, KW, cb/4, 16, 4) i8, corr (O,) i32, mult (O,) i32,
-    rshift (O,) i32]; out (N, O/16, OH, OW, 16) u8. ``c_in`` must be a multiple of cb
-    (pad it first) and ``c_out`` of 16.
+    data (N, C/cb, H, W, cb) u8, padded with ``zp_x``; weight
+    (O/16, C/cb, KH, KW, cb/4, 16, 4) i8; returns (N, O/16, OH, OW, 16) i32.
     """
-    assert cb % K_BLOCK == 0 and c_in % cb == 0 and c_out % OC_BLOCK == 0
-    ocb, icb = c_out // OC_BLOCK, c_in // cb
+    n, icb, h, w, cb = (int(d) for d in data.shape)
+    ocb, _, kh, kw = (int(d) for d in weight.shape[:4])
+    assert cb % K_BLOCK == 0 and tuple(int(d) for d in weight.shape[4:]) == (cb // K_BLOCK, OC_BLOCK, K_BLOCK)
     oh = (h + 2 * pad - kh) // stride + 1
     ow = (w + 2 * pad - kw) // stride + 1
-    data = te.placeholder((n, icb, h, w, cb), "uint8", name="data")
-    weight = te.placeholder((ocb, icb, kh, kw, cb // K_BLOCK, OC_BLOCK, K_BLOCK), "int8", name="weight")
-    corr = te.placeholder((c_out,), "int32", name="corr")
-    mult = te.placeholder((c_out,), "int32", name="mult")
-    rshift = te.placeholder((c_out,), "int32", name="rshift")
     if pad:
         padded = te.compute(
             (n, icb, h + 2 * pad, w + 2 * pad, cb),
@@ -154,7 +157,7 @@ def conv2d_nchwc_int8_te(
     rkw = te.reduce_axis((0, kw), name="kw")
     ric4 = te.reduce_axis((0, cb // K_BLOCK), name="ic4")
     rici = te.reduce_axis((0, K_BLOCK), name="ici")
-    conv = te.compute(
+    return te.compute(
         (n, ocb, oh, ow, OC_BLOCK),
         lambda b, oc, y, x, oci: te.sum(
             padded[b, ric, y * stride + rkh, x * stride + rkw, ric4 * K_BLOCK + rici].astype("int32")
@@ -163,8 +166,29 @@ def conv2d_nchwc_int8_te(
         ),
         name="conv2d_nchwc_int8",
     )
+
+
+def conv2d_nchwc_int8_te(
+    n: int, c_in: int, h: int, w: int, c_out: int, kh: int, kw: int,
+    stride: int = 1, pad: int = 0, cb: int = 16, zp_x: int = 0, zp_out: int = 0,
+):
+    """TE tensors of a packed quantized conv2d + requantize.
+
+    Returns ``(args, out)``: args = [data (N, C/cb, H, W, cb) u8,
+    weight (O/16, C/cb, KH, KW, cb/4, 16, 4) i8, corr (O,) i32, mult (O,) i32,
+    rshift (O,) i32]; out (N, O/16, OH, OW, 16) u8. ``c_in`` must be a multiple of cb
+    (pad it first) and ``c_out`` of 16.
+    """
+    assert cb % K_BLOCK == 0 and c_in % cb == 0 and c_out % OC_BLOCK == 0
+    ocb, icb = c_out // OC_BLOCK, c_in // cb
+    data = te.placeholder((n, icb, h, w, cb), "uint8", name="data")
+    weight = te.placeholder((ocb, icb, kh, kw, cb // K_BLOCK, OC_BLOCK, K_BLOCK), "int8", name="weight")
+    corr = te.placeholder((c_out,), "int32", name="corr")
+    mult = te.placeholder((c_out,), "int32", name="mult")
+    rshift = te.placeholder((c_out,), "int32", name="rshift")
+    conv = conv2d_nchwc_acc(data, weight, stride=stride, pad=pad, zp_x=zp_x)
     out = te.compute(
-        (n, ocb, oh, ow, OC_BLOCK),
+        conv.shape,
         lambda b, oc, y, x, oci: _requant_expr(
             conv[b, oc, y, x, oci],
             corr[oc * OC_BLOCK + oci],
@@ -175,6 +199,28 @@ def conv2d_nchwc_int8_te(
         name="requantize",
     )
     return [data, weight, corr, mult, rshift], out
+
+
+def dense_acc(data: te.Tensor, weight: te.Tensor, units: int | None = None) -> te.Tensor:
+    """int32 accumulator of uint8 (M, K) data x packed int8 (ceil(N/16), K/4, 16, 4) weight.
+
+    Returns (M, units) i32; ``units`` (default: all packed rows) may stop short of the
+    packed rows, whose tail is then zero padding.
+    """
+    m, k = (int(d) for d in data.shape)
+    units = units or int(weight.shape[0]) * OC_BLOCK
+    assert k % K_BLOCK == 0 and tuple(int(d) for d in weight.shape) == (-(-units // OC_BLOCK), k // K_BLOCK,
+                                                                      OC_BLOCK, K_BLOCK)
+    rk = te.reduce_axis((0, k), name="k")
+    return te.compute(
+        (m, units),
+        lambda i, j: te.sum(
+            data[i, rk].astype("int32")
+            * weight[j // OC_BLOCK, rk // K_BLOCK, j % OC_BLOCK, rk % K_BLOCK].astype("int32"),
+            axis=rk,
+        ),
+        name="dense_int8",
+    )
 
 
 def dense_int8_te(m: int, n: int, k: int, zp_out: int = 0):
@@ -189,16 +235,7 @@ def dense_int8_te(m: int, n: int, k: int, zp_out: int = 0):
     corr = te.placeholder((n,), "int32", name="corr")
     mult = te.placeholder((n,), "int32", name="mult")
     rshift = te.placeholder((n,), "int32", name="rshift")
-    rk = te.reduce_axis((0, k), name="k")
-    acc = te.compute(
-        (m, n),
-        lambda i, j: te.sum(
-            data[i, rk].astype("int32")
-            * weight[j // OC_BLOCK, rk // K_BLOCK, j % OC_BLOCK, rk % K_BLOCK].astype("int32"),
-            axis=rk,
-        ),
-        name="dense_int8",
-    )
+    acc = dense_acc(data, weight)
     out = te.compute(
         (m, n), lambda i, j: _requant_expr(acc[i, j], corr[j], mult[j], rshift[j], zp_out), name="requantize"
     )
@@ -247,7 +284,7 @@ def conv2d_case(
     stride: int = 1, pad: int = 1, cb: int | None = None, zp_x: int = 7, zp_out: int = 100, seed: int = 0,
 ) -> PackedQCase:
     """A packed quantized conv2d (+requantize) with random data and its NumPy reference."""
-    cb = cb or (16 if c_in % 16 == 0 else K_BLOCK)
+    cb = cb or channel_block(c_in)
     c_in_p = -(-c_in // cb) * cb
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, (n, h, w, c_in)).astype(np.uint8)
@@ -323,11 +360,14 @@ __all__ = [
     "q_multiply_shift_per_axis_ref",
     "requantize_ref",
     "choose_requant",
+    "channel_block",
     "pack_activation",
     "unpack_activation",
     "pack_conv_weight",
     "pack_dense_weight",
+    "conv2d_nchwc_acc",
     "conv2d_nchwc_int8_te",
+    "dense_acc",
     "dense_int8_te",
     "conv2d_case",
     "dense_case",
