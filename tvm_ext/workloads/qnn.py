@@ -40,11 +40,26 @@ def _clip_u8(x):
     return tvm.tirx.max(tvm.tirx.min(x, 255), 0).astype("uint8")
 
 
-def _pad_hw(data, pad, value, name):
+NHWC_SPATIAL = (1, 2)  # axes of H and W in NHWC; NCHW[x]c has them at (2, 3)
+
+
+def _pad_hw(data, pad, value, name, spatial=NHWC_SPATIAL):
     if pad == 0:
         return data
-    before, after = [0, pad, pad, 0], [0, pad, pad, 0]
-    return topi.nn.pad(data, before, after, pad_value=value, name=name)
+    widths = [pad if axis in spatial else 0 for axis in range(len(data.shape))]
+    return topi.nn.pad(data, widths, widths, pad_value=value, name=name)
+
+
+def _per_channel(const, idx, channel_axes):
+    """Element of a per-channel constant at output index ``idx``.
+
+    ``const`` has either the output's rank, with extent 1 on every axis but the channel
+    axes (e.g. ``(1, 1, 1, C)``), or one axis per channel axis (e.g. ``(C,)``; packed:
+    ``(C // cb, cb)`` for ``channel_axes`` (1, 4) of NCHW[cb]c).
+    """
+    if len(const.shape) == len(idx):
+        return const(*(idx[a] if a in channel_axes else 0 for a in range(len(idx))))
+    return const(*(idx[a] for a in channel_axes))
 
 
 def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0):
@@ -79,63 +94,88 @@ def dense(data, weight):
     )
 
 
-def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out):
+def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, channel_axes=None):
     """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, 0, 255)`` as uint8.
 
-    ``zp_corr`` and ``bias`` are shaped ``(1, ..., 1, C)``; ``mult``, ``lshift`` and
-    ``rshift`` are ``(C,)``; all index the last axis of ``acc``.
+    By default the channel is the last axis of ``acc``: ``zp_corr`` and ``bias`` are
+    shaped ``(1, ..., 1, C)``, ``mult``, ``lshift`` and ``rshift`` ``(C,)``. A packed
+    layout names its channel axes (NCHW[cb]c: ``(1, 4)``) and passes the constants
+    reshaped to them (``(1, C/cb, 1, 1, cb)`` and ``(C/cb, cb)``).
     """
     zp = const_scalar(zp_out)
-    lead = (0,) * (len(acc.shape) - 1)
+    axes = channel_axes or (len(acc.shape) - 1,)
 
     def _body(*idx):
-        c = idx[-1]
-        x = acc(*idx) - zp_corr(*lead, c) + bias(*lead, c)
-        return _clip_u8(_qmsa(x, mult[c], lshift[c], rshift[c]) + zp[()])
+        def at(const):
+            return _per_channel(const, idx, axes)
+
+        x = acc(*idx) - at(zp_corr) + at(bias)
+        return _clip_u8(_qmsa(x, at(mult), at(lshift), at(rshift)) + zp[()])
 
     return te.compute(acc.shape, _body, name="T_cast")
 
 
-def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out):
-    """Residual add of two uint8 tensors, each requantized to the output scale."""
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, channel_axes=None):
+    """Residual add of two uint8 tensors, each requantized to the output scale.
+
+    Per-channel constants as in :func:`requantize` (``(C,)`` on the last axis by default).
+    """
     zp = const_scalar(zp_out)
     zero = tvm.tirx.const(0, "int32")
+    axes = channel_axes or (len(a.shape) - 1,)
 
     def _body(*idx):
-        c = idx[-1]
-        ra = _qmsa(a(*idx).astype("int32") - int(zp_a), mult_a[c], zero, rshift_a[c])
-        rb = _qmsa(b(*idx).astype("int32") - int(zp_b), mult_b[c], zero, rshift_b[c])
+        def at(const):
+            return _per_channel(const, idx, axes)
+
+        ra = _qmsa(a(*idx).astype("int32") - int(zp_a), at(mult_a), zero, at(rshift_a))
+        rb = _qmsa(b(*idx).astype("int32") - int(zp_b), at(mult_b), zero, at(rshift_b))
         return _clip_u8(ra + rb + zp[()])
 
     return te.compute(a.shape, _body, name="T_add")
 
 
-def max_pool2d(data, *, size=3, stride=2, pad=1):
-    """Max pool over H and W of uint8 NHWC data, padding with 0 (the uint8 minimum)."""
-    n, h, w, c = (int(d) for d in data.shape)
-    padded = _pad_hw(data, pad, tvm.tirx.const(0, data.dtype), "pad_temp")
-    ho, wo = (h + 2 * pad - size) // stride + 1, (w + 2 * pad - size) // stride + 1
+def max_pool2d(data, *, size=3, stride=2, pad=1, spatial=NHWC_SPATIAL):
+    """Max pool over H and W of uint8 data, padding with 0 (the uint8 minimum).
+
+    ``spatial`` are the axes of H and W: NHWC by default, ``(2, 3)`` for NCHW[x]c.
+    """
+    ax_h, ax_w = spatial
+    padded = _pad_hw(data, pad, tvm.tirx.const(0, data.dtype), "pad_temp", spatial)
+    shape = [int(d) for d in data.shape]
+    for axis in spatial:
+        shape[axis] = (shape[axis] + 2 * pad - size) // stride + 1
     rh = te.reduce_axis((0, size), name="rh")
     rw = te.reduce_axis((0, size), name="rw")
-    return te.compute(
-        (n, ho, wo, c),
-        lambda b, y, x, ch: te.max(padded[b, y * stride + rh, x * stride + rw, ch], axis=[rh, rw]),
-        name="pool_max",
-    )
+
+    def _body(*idx):
+        at = list(idx)
+        at[ax_h], at[ax_w] = idx[ax_h] * stride + rh, idx[ax_w] * stride + rw
+        return te.max(padded(*at), axis=[rh, rw])
+
+    return te.compute(shape, _body, name="pool_max")
 
 
-def global_avg_pool(data):
-    """Mean over H and W of uint8 NHWC data, rounded half up: ``(sum + hw/2) // hw``."""
-    n, h, w, c = (int(d) for d in data.shape)
+def global_avg_pool(data, *, spatial=NHWC_SPATIAL):
+    """Mean over H and W of uint8 data, rounded half up: ``(sum + hw/2) // hw``.
+
+    The output drops the ``spatial`` axes: NHWC gives ``(N, C)``, NCHW[x]c ``(N, C/x, x)``.
+    """
+    h, w = (int(data.shape[axis]) for axis in spatial)
+    shape = [int(d) for a, d in enumerate(data.shape) if a not in spatial]
     rh = te.reduce_axis((0, h), name="rh")
     rw = te.reduce_axis((0, w), name="rw")
-    total = te.compute(
-        (n, c), lambda b, ch: te.sum(data[b, rh, rw, ch].astype("int32"), axis=[rh, rw]), name="pool_sum"
-    )
+
+    def _sum(*idx):
+        at = list(idx)
+        at[spatial[0]:spatial[0]] = [rh, rw]  # H and W are adjacent
+        return te.sum(data(*at).astype("int32"), axis=[rh, rw])
+
+    total = te.compute(shape, _sum, name="pool_sum")
     hw = h * w
     return te.compute(
-        (n, c),
-        lambda b, ch: tvm.tirx.floordiv(total[b, ch] + hw // 2, hw).astype("uint8"),
+        shape,
+        lambda *idx: tvm.tirx.floordiv(total(*idx) + hw // 2, hw).astype("uint8"),
         name="pool_avg",
     )
 
@@ -298,9 +338,14 @@ class QuantGraph:
             if s.op in ("requantize", "add_requantize")
         }
 
-    def to_relax(self, fused: bool = True) -> tvm.IRModule:
-        """The graph as a Relax module whose ``main`` takes the inputs; weights are constants."""
-        this = globals()
+    def to_relax(self, fused: bool = True, emitter=None) -> tvm.IRModule:
+        """The graph as a Relax module whose ``main`` takes the inputs; weights are constants.
+
+        ``emitter`` decides how inputs and steps become Relax bindings: the default
+        emits every step as the NHWC TE op of the same name in this module;
+        ``qnn_packed.PackedEmitter`` emits the same graph in the packed VNNI layouts.
+        """
+        emitter = emitter or NHWCEmitter()
         bb = relax.BlockBuilder()
         params = [
             relax.Var(f"x{i}" if i else "x", relax.TensorType(shape, dtype))
@@ -308,11 +353,25 @@ class QuantGraph:
         ]
         with bb.function("main", params):
             with bb.dataflow():
-                values = list(params)
+                values = [emitter.input(bb, p) for p in params]
                 for step in self.steps:
-                    args = [values[i] for i in step.inputs] + [relax.const(c) for c in step.consts]
-                    values.append(bb.emit_te(this[step.op], *args, primfunc_name_hint=step.op, **step.attrs))
-                out = bb.emit_output(values[-1])
+                    values.append(emitter.step(bb, step, [values[i] for i in step.inputs]))
+                out = bb.emit_output(emitter.output(bb, values[-1]))
             bb.emit_func_output(out)
         mod = bb.get()
         return fuse(mod) if fused else mod
+
+
+class NHWCEmitter:
+    """Emits a recorded step as the TE op of the same name in this module, on NHWC
+    tensors, with the step's constants as Relax constants (the graph as recorded)."""
+
+    def input(self, bb, var):  # pylint: disable=unused-argument
+        return var
+
+    def step(self, bb, step: _Step, args):
+        consts = [relax.const(c) for c in step.consts]
+        return bb.emit_te(globals()[step.op], *args, *consts, primfunc_name_hint=step.op, **step.attrs)
+
+    def output(self, bb, value):  # pylint: disable=unused-argument
+        return value
