@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-WORKLOAD_HELP = "conv2d-int8, resnet50-int8, phi2-decode or phi2-prefill"
+WORKLOAD_HELP = "conv2d-int8, resnet50-int8, resnet50-int8-nchwc, phi2-decode or phi2-prefill"
 TARGET_HELP = ("llvm (this CPU, the default), llvm-generic, cuda, cuda-sm75, cuda-sm80, cuda-sm90, "
                "or a JSON object such as '{\"kind\": \"llvm\", \"mcpu\": \"znver4\"}'")
 
@@ -17,9 +17,9 @@ def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
     p.add_argument("--batch", type=int, default=batch_default,
-                   help="batch size (resnet50-int8, conv2d-int8; default 1)")
+                   help="batch size (resnet50-int8[-nchwc], conv2d-int8; default 1)")
     p.add_argument("--image", type=int, default=None,
-                   help="image height = width (resnet50-int8 default 224, conv2d-int8 default 14)")
+                   help="image height = width (resnet50-int8[-nchwc] default 224, conv2d-int8 default 14)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
 
 

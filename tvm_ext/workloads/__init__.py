@@ -13,6 +13,7 @@ from .base import Workload
 _REGISTRY = {
     "conv2d-int8": "conv2d_int8:build",
     "resnet50-int8": "resnet50_int8:build",
+    "resnet50-int8-nchwc": "resnet50_int8:build_nchwc",
     "phi2-decode": "phi2:build_decode",
     "phi2-prefill": "phi2:build_prefill",
 }

@@ -5,9 +5,14 @@ the seed's requantize epilogue; residual adds, max pool, global average pool and
 1000-class classifier in integers. Weights and quantization parameters come from
 ``seed`` and are calibrated on image 0 of the inputs, so the network does not depend
 on the batch size. ReLU is the clip at 0 after a low output zero point.
+
+``build`` emits it in NHWC (workload ``resnet50-int8``); ``build_nchwc`` emits the same
+graph in the packed NCHW[x]c / OIHW[x]i16o4i layouts that the x86 VNNI rule tensorizes
+(workload ``resnet50-int8-nchwc``, same reference).
 """
 from __future__ import annotations
 
+from . import qnn_packed
 from .base import Workload
 from .qnn import QuantGraph, Value, random_images
 
@@ -59,6 +64,15 @@ def build(batch: int = 1, image: int = 224, seed: int = 0) -> Workload:
     g, inputs = network(batch, image, seed)
     options = {"batch": batch, "image": image, "seed": seed}
     return Workload("resnet50-int8", g.to_relax(), inputs, g, exact=True, options=options)
+
+
+def build_nchwc(batch: int = 1, image: int = 224, seed: int = 0) -> Workload:
+    """The same network (graph, weights, reference) in the packed layouts the x86 VNNI
+    rule matches: NCHW16c activations (stem input NCHW4c, transformed inside the module),
+    OIHW[x]i16o4i weights packed at build time (see :mod:`.qnn_packed`)."""
+    g, inputs = network(batch, image, seed)
+    options = {"batch": batch, "image": image, "seed": seed}
+    return Workload("resnet50-int8-nchwc", qnn_packed.to_relax(g), inputs, g, exact=True, options=options)
 
 
 def clip_fractions(batch: int = 1, image: int = 224, seed: int = 0) -> dict[str, float]:
