@@ -13,6 +13,9 @@ What it does, per block:
    conv/dense + requantize is one loop nest. MultiLevelTiling alone does not do this
    on CPU when the epilogue reads other buffers (per-channel multipliers): it adds a
    cache and leaves the epilogue as a second loop nest.
+   The tiled block's producers (a conv's padding) are kept out of reach of later
+   rules and its innermost tile loop out of auto-vectorization, both of which would
+   otherwise undo the tensorization (see ``protect_tensorization``).
 3. Anything else is returned untouched for the next rule (TVM's MultiLevelTiling);
    blocks we tiled carry the ``meta_schedule.tiling_structure`` annotation, so that
    rule skips them.
@@ -46,6 +49,9 @@ from tvm.script import tirx as T
 AVX512_VNNI_INTRIN = "tvm_ext.dot_16x4_avx512vnni"
 AVX_VNNI_INTRIN = "tvm_ext.dot_16x4_avxvnni"
 AUTO_TENSORIZE_ATTR = "meta_schedule.auto_tensorize"
+# On the innermost tile loop of a tensorized block: any loop annotation stops TVM's
+# RewriteParallelVectorizeUnroll from vectorizing that loop (and the loops outside it).
+KEEP_SERIAL_ATTR = "tvm_ext.vnni_keep_serial"
 
 
 # --------------------------------------------------------------------------- intrinsics
@@ -199,6 +205,24 @@ def fuse_epilogue(sch, outer_block, max_depth: int = 4) -> int:
     return folded
 
 
+def protect_tensorization(sch, outer_block) -> None:
+    """Keep later rules and postprocessors from undoing the tensorization of ``outer_block``.
+
+    * Its producers (the padding block of a padded conv) are annotated
+      ``schedule_rule: "None"``, which PostOrderApply's other rules skip. Otherwise
+      RandomComputeLocation inlines the padding into the tiled block in about half
+      the samples; the activation operand becomes an ``if_then_else`` the intrinsic
+      does not match, RewriteTensorize only warns, and the candidate runs scalar.
+    * Its innermost loop (the last spatial tile, outside the intrinsic) gets
+      ``KEEP_SERIAL_ATTR``. Otherwise RewriteParallelVectorizeUnroll vectorizes that
+      loop when its extent is above 1 (dense layers: 63 tiles of 16 classes) and the
+      vector loop around the intrinsic does not build ("Cannot broadcast lanes").
+    """
+    for producer in sch.get_producers(outer_block):
+        sch.annotate(producer, "schedule_rule", "None")
+    sch.annotate(sch.get_loops(outer_block)[-1], KEEP_SERIAL_ATTR, 1)
+
+
 @derived_object
 class VNNITensorize(PyScheduleRule):
     """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI, epilogue fused.
@@ -256,6 +280,7 @@ class VNNITensorize(PyScheduleRule):
                 # NHWC conv with HWIO weights: the weight tile is [4][16], the
                 # intrinsic wants [16][4]); RewriteTensorize would fail on every candidate.
                 return [sch]
+            protect_tensorization(res, outer)
             if self.fuse:
                 fuse_epilogue(res, outer)
             out.append(res)
@@ -360,6 +385,7 @@ __all__ = [
     "AVX_VNNI_INTRIN",
     "VNNITensorize",
     "fuse_epilogue",
+    "protect_tensorization",
     "vnni_intrin_name",
     "vnni_rules",
     "vnni_postprocs",
