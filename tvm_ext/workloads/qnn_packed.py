@@ -18,8 +18,9 @@ parameters, hence the same NumPy reference, bit for bit -- in the layouts of
   residual add) into its conv, and the output zero point still comes from a
   constant-scalar block;
 * global average pool reduces H and W of NCHW16c and is flattened to ``(N, C)`` in
-  channel order; the classifier is the packed dense (weights ``(ceil(N/16), K/4, 16, 4)``,
-  the 1000 classes padded to 1008 rows of zeros in the constant only).
+  channel order; the classifier is the packed dense (weights ``(ceil(N/16), K/4, 16, 4)``):
+  its 1000 classes are computed as 1008 (8 zero rows, so that the 16 VNNI lanes tile
+  them), requantized, and sliced back to 1000 at the output, in the same fused task.
 """
 from __future__ import annotations
 

@@ -201,19 +201,14 @@ def conv2d_nchwc_int8_te(
     return [data, weight, corr, mult, rshift], out
 
 
-def dense_acc(data: te.Tensor, weight: te.Tensor, units: int | None = None) -> te.Tensor:
-    """int32 accumulator of uint8 (M, K) data x packed int8 (ceil(N/16), K/4, 16, 4) weight.
-
-    Returns (M, units) i32; ``units`` (default: all packed rows) may stop short of the
-    packed rows, whose tail is then zero padding.
-    """
+def dense_acc(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
+    """int32 accumulator of uint8 (M, K) data x packed int8 (N/16, K/4, 16, 4) weight: (M, N)."""
     m, k = (int(d) for d in data.shape)
-    units = units or int(weight.shape[0]) * OC_BLOCK
-    assert k % K_BLOCK == 0 and tuple(int(d) for d in weight.shape) == (-(-units // OC_BLOCK), k // K_BLOCK,
-                                                                      OC_BLOCK, K_BLOCK)
+    n = int(weight.shape[0]) * OC_BLOCK
+    assert tuple(int(d) for d in weight.shape[1:]) == (k // K_BLOCK, OC_BLOCK, K_BLOCK), (data.shape, weight.shape)
     rk = te.reduce_axis((0, k), name="k")
     return te.compute(
-        (m, units),
+        (m, n),
         lambda i, j: te.sum(
             data[i, rk].astype("int32")
             * weight[j // OC_BLOCK, rk // K_BLOCK, j % OC_BLOCK, rk % K_BLOCK].astype("int32"),
