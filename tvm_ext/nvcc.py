@@ -70,11 +70,12 @@ NVCC_FLAGS = (
     "-w",  # unused-variable warnings of generated code are noise here
 )
 DEFAULT_BATCH = 16  # sources per nvcc run at most
-# Only sources up to this size are batched: above it, nvcc's time grows with the
-# source (fully unrolled kernels take minutes) and the fixed cost saved is noise,
-# while a failing member would make the others compile twice.
-MAX_BATCH_MEMBER_BYTES = 64 * 1024
-MAX_BATCH_BYTES = 512 * 1024
+# Only sources up to this size are batched: nvcc's fixed cost (~2-4 s of header
+# parsing) is most of a 10 KB source's compile and a third of a 150 KB one's, but
+# noise next to the minutes of a fully unrolled 1-2 MB kernel, and a failing member
+# makes the rest of its batch compile twice.
+MAX_BATCH_MEMBER_BYTES = 256 * 1024
+MAX_BATCH_BYTES = 1024 * 1024
 MEMBER_PREFIX = "tvm_ext_m"
 # ptxas rejects an entry with more static shared memory than this on every arch we
 # support; such a source is compiled alone (see split_source).
@@ -153,12 +154,14 @@ def static_shared_bytes(source: str) -> int:
     return sum(_TYPE_BYTES.get(ty.strip(), 1) * int(n) for ty, n in _SHARED.findall(source))
 
 
-def split_source(source: str, max_bytes: int = MAX_BATCH_MEMBER_BYTES):
+def split_source(source: str, max_bytes: Optional[int] = None):
     """(preamble, kernel section, kernel names) of a TVM CUDA source, or None when it
     may not be batched: larger than ``max_bytes``; a kernel section that holds
     anything but ``extern "C"`` kernels (preprocessor lines, other declarations); or
     more static shared memory than ptxas accepts (it would fail, and make the rest
-    of its batch compile a second time)."""
+    of its batch compile a second time).  ``max_bytes`` defaults to
+    MAX_BATCH_MEMBER_BYTES."""
+    max_bytes = MAX_BATCH_MEMBER_BYTES if max_bytes is None else max_bytes
     if len(source) > max_bytes or static_shared_bytes(source) > PTXAS_STATIC_SHARED_LIMIT:
         return None
     lines = source.split("\n")
