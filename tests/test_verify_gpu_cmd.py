@@ -44,6 +44,8 @@ def test_verify_gpu_conv2d_int8(tmp_path, capsys):
     task = doc["tasks"][0]
     assert cells <= set(task) and task["samples"] == sum(task[c] for c in verify_gpu.CELLS)
     assert 0 <= doc["total"]["agree_with_builtin"] <= doc["total"]["samples"]
+    assert set(task["timing"]["per_candidate"]) == {"sample", "verify_ours", "verify_builtin", "codegen"}
+    assert doc["nvcc"]["done"] == doc["nvcc"]["distinct_sources"] <= doc["total"]["samples"]
     if doc["total"]["accepted_fails"]:
         errors = [e["nvcc"] for e in task["examples"]["accepted_fails"]]
         assert rc == 1
@@ -51,6 +53,21 @@ def test_verify_gpu_conv2d_int8(tmp_path, capsys):
             pytest.xfail(f"known TVM codegen bug (int8 broadcast > 4 lanes) accepted: {errors[0]}")
         pytest.fail(f"accepted but nvcc fails: {errors}")
     assert rc == 0
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_verify_gpu_batched_nvcc_gives_the_same_document_as_one_run_per_candidate():
+    """Every cell, reason, error count and example (with nvcc's error text) is the same
+    whether candidates are compiled one per nvcc run or batched."""
+    def outcomes(batch):
+        doc = verify_gpu.run("conv2d-int8", samples=12, image=8, batch=batch, progress=None)
+        assert doc["nvcc"]["batch"] == batch
+        return [{k: v for k, v in t.items() if k not in ("timing", "seconds")} for t in doc["tasks"]], doc
+    one, _ = outcomes(1)
+    batched, doc = outcomes(16)
+    assert batched == one
+    assert doc["nvcc"]["runs"] < doc["nvcc"]["distinct_sources"]  # batching did happen
 
 
 def _requantize_func():

@@ -12,7 +12,10 @@ candidate gets three verdicts:
 and lands in one cell of the confusion matrix: accepted_compiles,
 accepted_fails (must be 0), rejected_compiles (over-strict unless the reason fails
 at run time), rejected_fails.  No GPU is needed; nvcc runs on every CPU we may use
-while the main thread generates the next candidates.
+while the main thread generates the next candidates, many candidates per nvcc run
+(``tvm_ext.nvcc``: same outcome and error text per candidate as alone).  Each task's
+document has ``timing`` (seconds per stage: sample, verify_ours, verify_builtin,
+codegen) and the run's has ``nvcc`` (runs, batches, seconds in nvcc).
 
 Public API
 ----------
@@ -30,7 +33,10 @@ import sys
 import time
 import traceback
 from collections import Counter
+from contextlib import contextmanager
 from typing import Callable, Optional
+
+from tvm_ext.nvcc import DEFAULT_BATCH  # stdlib only: the CLI stays light
 
 WORKLOADS = ("conv2d-int8", "resnet50-int8", "phi2-decode", "phi2-prefill")
 ARCHS = ("sm_75", "sm_80", "sm_90")
@@ -120,6 +126,29 @@ def select_tasks(tasks: list, spec: Optional[str]) -> list:
 
 
 # --------------------------------------------------------------------------- one task
+class Stopwatch:
+    """Seconds spent per named stage: ``with clock.stage("codegen"): ...``."""
+
+    STAGES = ("sample", "verify_ours", "verify_builtin", "codegen")
+
+    def __init__(self) -> None:
+        self.seconds: Counter = Counter()
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def as_dict(self, candidates: int) -> dict:
+        """Seconds per stage, in all and per candidate."""
+        total = {k: round(self.seconds.get(k, 0.0), 2) for k in self.STAGES}
+        per = {k: round(self.seconds.get(k, 0.0) / candidates, 3) if candidates else None for k in self.STAGES}
+        return {"seconds": total, "per_candidate": per}
+
+
 class TaskRun:
     """Verdicts of one task's candidates; nvcc results arrive asynchronously."""
 
@@ -129,6 +158,7 @@ class TaskRun:
         self.records: list = []  # dicts: ours, reason, message, builtin, future | (ok, err)
         self.seconds = 0.0
         self.sampling: dict = {}
+        self.timing = Stopwatch()
 
     def result(self) -> dict:
         """Wait for nvcc and tally this task's cells (see module doc)."""
@@ -178,6 +208,7 @@ class TaskRun:
             "nvcc_errors": dict(nvcc_errors.most_common()),
             "examples": {k: v for k, v in examples.items() if v},
             "sampling": self.sampling,
+            "timing": self.timing.as_dict(n),
             "seconds": round(self.seconds, 1),
         }
 
@@ -205,54 +236,81 @@ def _example(bucket: list, rec: dict, ok: bool, err: str) -> None:
         })
 
 
+def _builtin_accepts(builtin, sch) -> bool:
+    try:
+        return bool(builtin.apply(sch))
+    except Exception:  # noqa: BLE001 -- the built-in raising counts as a rejection
+        return False
+
+
+def _submit_source(pool, sch, target):
+    """A Future of nvcc's (ok, error) for the candidate's CUDA source, or (False, error)
+    at once when TVM cannot generate it (that does not compile either)."""
+    from tvm_ext.candidates import cuda_source
+
+    try:
+        return pool.submit(cuda_source(sch, target))
+    except Exception as err:  # noqa: BLE001 -- TVM could not generate CUDA: does not compile
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()] or [repr(err)]
+        return (False, "tvm codegen: " + lines[-1].strip()[:250])
+
+
 def verify_task(name: str, weight: int, mod, target, samples: int, *, pool, seed: int = 0,
                 progress: Optional[Callable[[str], None]] = None, context=None,
                 ruleset: str = "plugin") -> TaskRun:
     """Sample, verify (ours and built-in) and submit to nvcc ``samples`` candidates."""
     import tvm_ext
     from tvm.s_tir import meta_schedule as ms
-    from tvm_ext.candidates import cuda_source, sample_candidates, tune_context
+    from tvm_ext.candidates import sample_candidates, tune_context
     from tvm_ext.postprocs.verify_gpu_code import target_limits, verify
 
     start = time.time()
     run = TaskRun(name, weight)
+    clock = run.timing
     space = tvm_ext.space(target, ruleset)
     ctx = context or tune_context(mod, target, space, name)
     builtin = ms.postproc.VerifyGPUCode()
     builtin._initialize_with_tune_context(ctx)  # pylint: disable=protected-access
     limits = target_limits(target)
-    schs = sample_candidates(mod, target, space, samples, seed=seed, context=ctx, stats=run.sampling)
+    with clock.stage("sample"):
+        schs = sample_candidates(mod, target, space, samples, seed=seed, context=ctx, stats=run.sampling)
     for i, sch in enumerate(schs):
-        verdict = verify(sch.mod, target, limits)
-        try:
-            b_ok = bool(builtin.apply(sch))
-        except Exception:  # noqa: BLE001 -- the built-in raising counts as a rejection
-            b_ok = False
-        try:
-            fut = pool.submit(cuda_source(sch, target))
-        except Exception as err:  # noqa: BLE001 -- TVM could not generate CUDA: does not compile
-            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()] or [repr(err)]
-            fut = (False, "tvm codegen: " + lines[-1].strip()[:250])
+        with clock.stage("verify_ours"):
+            verdict = verify(sch.mod, target, limits)
+        with clock.stage("verify_builtin"):
+            b_ok = _builtin_accepts(builtin, sch)
+        with clock.stage("codegen"):
+            outcome = _submit_source(pool, sch, target)
         run.records.append({
             "index": i,
             "ours": verdict is None,
             "reason": None if verdict is None else verdict[0],
             "message": None if verdict is None else verdict[1][:200],
             "builtin": b_ok,
-            "nvcc": fut,
+            "nvcc": outcome,
         })
         if progress and ((i + 1) % 10 == 0 or i + 1 == len(schs)):
-            progress(f"  {name}: {i + 1}/{len(schs)} candidates generated ({time.time() - start:.0f} s)")
+            progress(f"  {name}: {i + 1}/{len(schs)} candidates generated ({time.time() - start:.0f} s); "
+                     + pool.progress_line())
     run.seconds = time.time() - start
+    if progress:
+        per = run.timing.as_dict(len(schs))["per_candidate"]
+        progress(f"  {name}: seconds per candidate: " + ", ".join(f"{k} {v}" for k, v in per.items()))
     return run
 
 
 # --------------------------------------------------------------------------- whole run
 def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Optional[str] = None,
         seed: int = 0, jobs: Optional[int] = None, image: Optional[int] = None,
-        config: Optional[str] = None, progress: Optional[Callable[[str], None]] = _progress_to_stderr) -> dict:
-    """verify-gpu over the (selected) tasks of ``workload``; returns the JSON document."""
-    from tvm_ext.candidates import CompilePool, nvcc_path
+        config: Optional[str] = None, batch: int = DEFAULT_BATCH, nvcc_cache: Optional[str] = None,
+        progress: Optional[Callable[[str], None]] = _progress_to_stderr) -> dict:
+    """verify-gpu over the (selected) tasks of ``workload``; returns the JSON document.
+
+    ``batch``: sources per nvcc run at most (1: one run per candidate; the outcomes
+    are the same).  ``nvcc_cache``: a folder where nvcc outcomes are kept by source,
+    so that a rerun or a resumed run does not compile a source twice.
+    """
+    from tvm_ext.nvcc import CompilePool, nvcc_path
     from tvm_ext.targets import cuda_target
 
     if arch not in ARCHS:
@@ -268,7 +326,7 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
     chosen = select_tasks(all_tasks, tasks)
     progress(f"verify-gpu {workload}: {len(chosen)} of {len(all_tasks)} tasks, {samples} samples each, {arch}")
     runs = []
-    with CompilePool(arch, jobs) as pool:
+    with CompilePool(arch, jobs, batch=batch, cache_dir=nvcc_cache) as pool:
         for k, (name, weight, mod) in enumerate(chosen):
             progress(f"[{k + 1}/{len(chosen)}] {name}")
             try:
@@ -277,6 +335,7 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
             except Exception as err:  # noqa: BLE001 -- report the task, keep going
                 progress(f"  {name}: sampling failed: {err}\n{traceback.format_exc(limit=3)}")
         progress(f"waiting for nvcc ({len(pool.cache)} distinct sources)...")
+        pool.wait(progress)
         results = []
         for r in runs:
             results.append(r.result())
@@ -295,6 +354,7 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
         "total": total,
         "tasks": results,
         "reason_notes": {r: REASON_NOTES.get(r, "") for r in total["reasons"]},
+        "nvcc": {"batch": batch, **pool.summary()},
         "seconds": round(time.time() - start, 1),
     }
 

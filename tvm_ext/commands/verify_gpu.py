@@ -18,6 +18,11 @@ def add_parser(sub) -> None:
                    help="which tasks: all (default), N (N spread over the task list), or indices/names, comma-separated")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--jobs", type=int, default=None, help="nvcc processes at once (default: usable CPUs)")
+    p.add_argument("--batch", type=int, default=16,
+                   help="candidate sources per nvcc run at most (default 16; 1 = one run per candidate, "
+                        "same outcomes, slower)")
+    p.add_argument("--nvcc-cache", metavar="DIR", default=None,
+                   help="keep nvcc outcomes in DIR by source, so that a rerun or resumed run skips them")
     p.add_argument("--image", type=int, default=None, help="image size for conv2d-int8 / resnet50-int8")
     p.add_argument("--config", default=None, help="phi2 config: full (default) or reduced")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -31,6 +36,7 @@ def run(args) -> int:
 
     doc = verify_gpu.run(args.workload, samples=args.samples, arch=args.arch, tasks=args.tasks,
                          seed=args.seed, jobs=args.jobs, image=args.image, config=args.config,
+                         batch=args.batch, nvcc_cache=args.nvcc_cache,
                          progress=None if args.quiet else verify_gpu._progress_to_stderr)  # pylint: disable=protected-access
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
