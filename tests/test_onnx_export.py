@@ -29,3 +29,20 @@ def test_resnet50_int8_ort_within_one_step_per_layer():
     if first:
         assert layers[first]["max_step"] == 1 and layers[first]["frac_differ"] < 0.01
     assert 0 <= r["final"]["frac_differ"] <= 1 and r["final"]["max_step"] <= 255
+
+
+@pytest.mark.parametrize("weights", ["uint8", OE.exact_weights_for_host()])
+def test_single_conv_within_one_step(weights):
+    """uint8 weights (zero point 128) run ORT's non-saturating kernels on every x86 CPU;
+    int8 weights are exact only with VNNI, so the host default must be too."""
+    from tvm_ext.workloads import conv2d_int8
+
+    graph, inputs = conv2d_int8.network(image=14)
+    model, _ = OE.export_quant_graph(graph, 1, exact_add=False, weights=weights)
+    (out,) = OE.ort_session(model, 2).run(None, {"images": inputs[0]})
+    assert OE.diff_steps(OE.to_nhwc(out), graph(inputs))["max_step"] <= 1
+
+
+def test_unknown_weight_type_is_refused():
+    with pytest.raises(ValueError, match="'int4'"):
+        OE.weight_inputs(None, np.zeros((1, 1, 1, 1), np.int8), "w", np.ones(1, np.float32), "int4")

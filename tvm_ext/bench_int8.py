@@ -31,8 +31,13 @@ def time_interleaved(callables: dict, rounds: int, warmup: int = 1) -> dict:
 
 
 def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds: int,
-        out_json: str | None, log=print, work_root: str = "tuning_logs") -> dict:
-    """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict."""
+        out_json: str | None, log=print, work_root: str = "tuning_logs", peers=(),
+        layers: bool = False) -> dict:
+    """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict.
+
+    ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
+    rounds (a row with ``"ruleset": "ort"``); ``layers`` adds ``"per_layer"``: every conv
+    task of the first rule set's database against one ORT QLinearConv of its shape."""
     import tvm
 
     runs, rows = {}, []
@@ -56,16 +61,30 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         rows.append({"ruleset": ruleset, "exact_match": bool(ok), "work_dir": work_dir,
                      "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
                      "min_trials": min((t["trials"] for t in summary["tasks"]), default=None)})
+    threads = peer_module().threads_of(target)
+    if "ort" in peers:
+        runs["ort"], diff, weights = peer_module().ort_network(workload, threads, log)
+        rows.append({"ruleset": "ort", "exact_match": False, "threads": threads, "ort_weights": weights,
+                     "max_step": diff["max_step"], "frac_differ": diff["frac_differ"]})
     log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
     medians = time_interleaved(runs, rounds)
     base = medians.get("plugin", medians[rulesets[0]])
     for row in rows:
         row["e2e_ms"] = medians[row["ruleset"]] * 1e3
         row["ratio_to_plugin"] = medians[row["ruleset"]] / base
+    per_layer = None
+    if layers:
+        work_dir = rows[0]["work_dir"]
+        log(f"timing every conv task of {work_dir} against ORT, {threads} threads ...")
+        per_layer = peer_module().layer_rows(work_dir, target, threads, log=log)
+        for row in per_layer:
+            row["ruleset"] = rows[0]["ruleset"]
     result = {"workload": workload.name, "options": workload.options, "target": target.kind.name,
               "trials_per_task": trials if not from_logs else min(
                   (r["min_trials"] for r in rows if r["min_trials"] is not None), default=None),
               "rounds": rounds, "rows": rows}
+    if per_layer is not None:
+        result["per_layer"] = per_layer
     if out_json:
         os.makedirs(os.path.dirname(out_json) or ".", exist_ok=True)
         with open(out_json, "w", encoding="utf-8") as f:
@@ -74,13 +93,27 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     return result
 
 
+def peer_module():
+    from tvm_ext import peers  # needs onnx / onnxruntime only when a peer is asked for
+
+    return peers
+
+
 def format_table(result: dict) -> str:
     lines = [f"{result['workload']} {result['options']} on {result['target']}, "
              f"{result['trials_per_task']} trials per task, median of {result['rounds']} "
              "interleaved rounds",
              f"{'ruleset':<16} {'e2e ms':>9} {'vs plugin':>9} {'est. ms':>9}  exact"]
     for row in result["rows"]:
-        est = "-" if row["e2e_estimate_ms"] is None else f"{row['e2e_estimate_ms']:.3f}"
+        est = row.get("e2e_estimate_ms")
+        est = "-" if est is None else f"{est:.3f}"
+        exact = "yes" if row["exact_match"] else "NO"
+        if "max_step" in row:  # a peer: rounds differently, say by how much
+            exact = f"no: <= {row['max_step']} steps in {100 * row['frac_differ']:.1f}%"
         lines.append(f"{row['ruleset']:<16} {row['e2e_ms']:>9.3f} {row['ratio_to_plugin']:>9.2f} "
-                     f"{est:>9}  {'yes' if row['exact_match'] else 'NO'}")
+                     f"{est:>9}  {exact}")
+    if "per_layer" in result:
+        lines += ["", f"per conv task ({result['per_layer'][0]['ruleset'] if result['per_layer'] else '-'} "
+                      "database) vs one ORT QLinearConv, same threads:",
+                  peer_module().format_layers(result["per_layer"])]
     return "\n".join(lines)

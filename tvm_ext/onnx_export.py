@@ -64,7 +64,8 @@ class _Emitter:
         return out
 
 
-def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_add: bool = True):
+def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_add: bool = True,
+                       weights: str = "int8"):
     """ONNX model of a recorded QuantGraph whose input is NHWC uint8 images.
 
     Returns ``(model, layer_outputs)``: ``layer_outputs`` maps each requantized layer
@@ -118,8 +119,7 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
             scale = fixed_to_float(mult, rshift).reshape(-1)
             ins = [
                 x, one, e.const(np.uint8(zx), "x_zp"),
-                e.const(w.astype(np.int8), step.name + "_w"), e.const(scale, "w_scale"),
-                e.const(np.zeros(w.shape[0], np.int8), "w_zp"),
+                *weight_inputs(e, w, step.name, scale, weights),
                 one, e.const(np.uint8(zp_out), "y_zp"),
                 e.const(np.asarray(bias, np.int32).reshape(-1), "bias"),
             ]
@@ -203,6 +203,33 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
     return model, layer_outputs
 
 
+def weight_inputs(e, w: np.ndarray, name: str, scale, weights: str) -> list:
+    """QLinearConv's (w, w_scale, w_zero_point) inputs for int8 weights ``w``.
+
+    ``weights="int8"``: as they are, zero point 0 (ORT's u8s8 kernels). ``"uint8"``: the
+    same values shifted by 128 with zero point 128 (ORT's u8u8 kernels). On x86 without
+    VNNI, ORT's u8s8 kernels multiply with vpmaddubsw, whose int16 pair sums saturate
+    (255 * 127 * 2 > 32767): measured up to 29 uint8 steps off after one 3x3 conv with
+    64 input channels on an AVX2-only EPYC. u8u8 does not saturate."""
+    if weights not in ("int8", "uint8"):
+        raise ValueError(f"weights must be 'int8' or 'uint8', not {weights!r}")
+    cout = w.shape[0]
+    if weights == "uint8":
+        shifted = (w.astype(np.int16) + 128).astype(np.uint8)
+        return [e.const(shifted, name + "_w"), e.const(scale, "w_scale"),
+                e.const(np.full(cout, 128, np.uint8), "w_zp")]
+    return [e.const(w.astype(np.int8), name + "_w"), e.const(scale, "w_scale"),
+            e.const(np.zeros(cout, np.int8), "w_zp")]
+
+
+def exact_weights_for_host() -> str:
+    """The weight type with which ORT computes exactly on this CPU (see weight_inputs)."""
+    from tvm_ext.targets import describe_host
+
+    host = describe_host()
+    return "int8" if host.get("avx512vnni") or host.get("avxvnni") else "uint8"
+
+
 def _out_hw(hw_in, step):
     """Spatial size after a conv / dense / pool step (None for flat values)."""
     if hw_in is None or step.op == "dense":
@@ -239,7 +266,7 @@ def to_nhwc(x: np.ndarray) -> np.ndarray:
 
 
 def compare_resnet50_int8(batch: int = 1, image: int = 224, seed: int = 0, threads: Optional[int] = None,
-                          per_layer: bool = True, exact_add: bool = True) -> dict:
+                          per_layer: bool = True, exact_add: bool = True, weights: Optional[str] = None) -> dict:
     """Run the exported network in ORT and compare with the exact integer reference.
 
     Returns ``{"final": {max_step, frac_differ}, "layers": {name: {...}},
@@ -250,7 +277,8 @@ def compare_resnet50_int8(batch: int = 1, image: int = 224, seed: int = 0, threa
     from tvm_ext.workloads.resnet50_int8 import network  # pylint: disable=import-outside-toplevel
 
     graph, inputs = network(batch, image, seed)
-    model, layers = export_quant_graph(graph, batch, keep_layers=per_layer, exact_add=exact_add)
+    model, layers = export_quant_graph(graph, batch, keep_layers=per_layer, exact_add=exact_add,
+                                       weights=weights or exact_weights_for_host())
     sess = ort_session(model, threads)
     names = [o.name for o in sess.get_outputs()]
     outs = dict(zip(names, sess.run(None, {"images": inputs[0]})))
@@ -293,49 +321,23 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- per layer
-def conv_shapes(batch: int = 1, image: int = 224, seed: int = 0) -> list[dict]:
-    """Distinct conv shapes of the int8 ResNet-50, in network order, with their count."""
-    from tvm_ext.workloads.resnet50_int8 import network  # pylint: disable=import-outside-toplevel
-
-    graph, _ = network(1, image, seed)
-    hw = [(image, image)]
-    chans = [graph.input_specs[0][0][-1]]
-    seen: dict = {}
-    for step in graph.steps:
-        src = step.inputs[0]
-        if step.op == "conv2d_nhwc":
-            w = step.consts[0]
-            k, cin, cout = w.shape[0], w.shape[2], w.shape[3]
-            key = (batch, hw[src][0], hw[src][1], cin, cout, k, step.attrs["stride"], step.attrs["pad"])
-            seen.setdefault(key, 0)
-            seen[key] += 1
-            hw.append(_out_hw(hw[src], step))
-            chans.append(cout)
-        elif step.op in ("max_pool2d",):
-            hw.append(_out_hw(hw[src], step))
-            chans.append(chans[src])
-        elif step.op == "dense":
-            hw.append(None)
-            chans.append(step.consts[0].shape[0])
-        else:  # requantize, add, pool: shape of the first input
-            hw.append(None if step.op == "global_avg_pool" else hw[src])
-            chans.append(chans[src])
-    keys = ("n", "h", "w", "c_in", "c_out", "k", "stride", "pad")
-    return [dict(zip(keys, key), count=c) for key, c in seen.items()]
-
-
-def _ort_conv_model(shape: dict, seed: int = 0):
+def ort_conv_model(shape: dict, seed: int = 0, weights: Optional[str] = None):
+    """One ORT QLinearConv (NCHW, per-channel weights, bias) of ``shape`` and a random input;
+    ``weights`` as in weight_inputs (default: the exact kind for this host)."""
     _, TP, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
     n, h, w, ci, co, k, s, p = (shape[x] for x in ("n", "h", "w", "c_in", "c_out", "k", "stride", "pad"))
     inits = [
         nh.from_array(np.float32(1.0), "one"), nh.from_array(np.uint8(7), "x_zp"),
-        nh.from_array(rng.integers(-127, 128, (co, ci, k, k)).astype(np.int8), "w"),
-        nh.from_array((rng.uniform(1, 2, co) * 2.0**-12).astype(np.float32), "w_scale"),
-        nh.from_array(np.zeros(co, np.int8), "w_zp"), nh.from_array(np.uint8(100), "y_zp"),
+        nh.from_array(np.uint8(100), "y_zp"),
         nh.from_array(rng.integers(-2000, 2000, co).astype(np.int32), "bias"),
     ]
-    node = helper.make_node("QLinearConv", ["x", "one", "x_zp", "w", "w_scale", "w_zp", "one", "y_zp", "bias"],
+    e = _Emitter()
+    w_oihw = rng.integers(-127, 128, (co, ci, k, k)).astype(np.int8)
+    scale = (rng.uniform(1, 2, co) * 2.0**-12).astype(np.float32)
+    w_inputs = weight_inputs(e, w_oihw, "w", scale, weights or exact_weights_for_host())
+    inits += e.inits
+    node = helper.make_node("QLinearConv", ["x", "one", "x_zp", *w_inputs, "one", "y_zp", "bias"],
                             ["y"], kernel_shape=[k, k], strides=[s, s], pads=[p, p, p, p])
     g = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TP.UINT8, [n, ci, h, w])],
                           [helper.make_tensor_value_info("y", TP.UINT8, None)], inits)
@@ -344,64 +346,4 @@ def _ort_conv_model(shape: dict, seed: int = 0):
     return m, rng.integers(0, 256, (n, ci, h, w)).astype(np.uint8)
 
 
-def bench_layers(shapes: Optional[Iterable[dict]] = None, target=None, threads: int = 2, trials: int = 0,
-                 number: int = 10, repeat: int = 5, work_dir: Optional[str] = None) -> list[dict]:
-    """Time each distinct conv shape in TVM and in ORT, side by side in this process.
-
-    TVM runs the packed VNNI kernel (tvm_ext.workloads.qnn_vnni) scheduled by the
-    VNNITensorize rule: tuned with ``trials`` MetaSchedule trials (database in
-    ``work_dir/<shape>``), or one sampled candidate of the first sketch when 0. ORT runs
-    one QLinearConv (NCHW) with ``threads`` intra-op threads. Returns rows
-    ``{"shape", "count", "tvm_us", "ort_us", "exact"}``; ``exact`` = TVM output equals
-    the NumPy reference. Set TVM_NUM_THREADS=threads before the first TVM call.
-    """
-    import tempfile  # pylint: disable=import-outside-toplevel
-    import tvm  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir import meta_schedule as ms  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir.schedule import Trace  # pylint: disable=import-outside-toplevel
-
-    from tvm_ext.rules import vnni_tensorize as V  # pylint: disable=import-outside-toplevel
-    from tvm_ext.targets import resolve_target  # pylint: disable=import-outside-toplevel
-    from tvm_ext.workloads import qnn_vnni as Q  # pylint: disable=import-outside-toplevel
-
-    target = resolve_target(target or "llvm")
-    shapes = list(shapes) if shapes is not None else conv_shapes()
-    rows = []
-    for shape in shapes:
-        case = Q.conv2d_case(n=shape["n"], h=shape["h"], w=shape["w"], c_in=shape["c_in"], c_out=shape["c_out"],
-                             kh=shape["k"], kw=shape["k"], stride=shape["stride"], pad=shape["pad"])
-        label = "x".join(str(shape[x]) for x in ("n", "h", "w", "c_in", "c_out")) + \
-            f"_k{shape['k']}s{shape['stride']}"
-        if trials:
-            wd = f"{work_dir}/{label}" if work_dir else tempfile.mkdtemp(prefix="vnni_")
-            db = ms.tune_tir(case.mod, target, wd, max_trials_global=trials, num_trials_per_iter=min(trials, 16),
-                             space=V.vnni_space(target), builder=V.fast_local_builder())
-            sch = ms.tir_integration.compile_tir(db, case.mod, target)
-        else:
-            ctx = ms.TuneContext(mod=case.mod, target=target, space_generator=V.vnni_space(target),
-                                 task_name=label, rand_state=1)
-            sketch = ctx.generate_design_space()[0]
-            for seed in range(1, 30):
-                sch = tvm.s_tir.Schedule(case.mod, seed=seed)
-                Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
-                if all(p.apply(sch) for p in ctx.space_generator.postprocs):
-                    break
-        lib = tvm.compile(sch.mod, target=target)
-        dev = tvm.cpu()
-        args = [tvm.runtime.tensor(a, dev) for a in case.args]
-        out = tvm.runtime.tensor(np.zeros(case.out_shape, np.uint8), dev)
-        exact = bool(np.array_equal(Q.run_case(case, lib), case.reference()))
-        model, x = _ort_conv_model(shape)
-        sess = ort_session(model, threads)
-        feed = {"x": x}
-        # interleave: TVM, ORT, TVM, ORT ... and keep the medians
-        t_tvm, t_ort = [], []
-        for _ in range(repeat):
-            t_tvm.append(time_callable(lambda: lib(*args, out), number=number, repeat=1, warmup=1))
-            t_ort.append(time_callable(lambda: sess.run(None, feed), number=number, repeat=1, warmup=1))
-        rows.append({"shape": label, "count": shape.get("count", 1), "tvm_us": float(np.median(t_tvm)) * 1e6,
-                     "ort_us": float(np.median(t_ort)) * 1e6, "exact": exact})
-    return rows
-
-
-__all__ += ["conv_shapes", "bench_layers"]
+__all__ += ["ort_conv_model"]

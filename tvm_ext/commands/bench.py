@@ -20,6 +20,12 @@ def add_parser(sub) -> None:
                    help="trials per task (int8 default 32) or per kernel (phi2)")
     p.add_argument("--from-logs", action="store_true",
                    help="reuse the committed databases in tuning_logs/ instead of tuning")
+    p.add_argument("--peers", default=None,
+                   help="int8: also time these runtimes on the same network in the same rounds; "
+                        "'ort' = ONNX Runtime (needs the [bench] extra)")
+    p.add_argument("--layers", action="store_true",
+                   help="int8: also time every conv task of the first rule set's database "
+                        "against one ONNX Runtime QLinearConv of the same shape")
     p.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds (default 20)")
     p.add_argument("--build-only", action="store_true",
                    help="phi2: build every kernel of every schedule (nvcc for cuda), run nothing")
@@ -48,11 +54,15 @@ def run(args) -> int:
         return 0
     from tvm_ext import bench_int8
 
+    from tvm_ext.peers import parse_peers
+
     rulesets = parse_rulesets(args.rulesets)
+    peers = parse_peers(args.peers)
     if args.trials is not None and args.trials < 1:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
     workload = load_workload(args)
     result = bench_int8.run(workload, target, rulesets, args.trials or 32, args.from_logs,
-                            args.rounds, out, log=log, work_root=args.logs_dir)
+                            args.rounds, out, log=log, work_root=args.logs_dir, peers=peers,
+                            layers=args.layers)
     print(bench_int8.format_table(result))
-    return 0 if all(row["exact_match"] for row in result["rows"]) else 1
+    return 0 if all(row["exact_match"] for row in result["rows"] if row["ruleset"] in rulesets) else 1

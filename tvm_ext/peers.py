@@ -1,0 +1,180 @@
+"""ONNX Runtime as a peer of the tuned int8 networks, end to end and per conv layer.
+
+End to end: the workload's recorded QuantGraph is exported to ONNX (same weights and
+quantization parameters, see ``onnx_export``) and timed in the same interleaved rounds
+as the TVM networks. ORT rounds differently, so its row reports how far its output is
+from the exact reference in uint8 steps instead of claiming a match.
+
+Per layer: every conv task of a tuning database is built from its best record and
+timed against one ORT ``QLinearConv`` of the same shape (NCHW, ORT's own layout),
+alternating the two in each round. A task that also fuses a residual add does more
+work than the single ORT op; its row says so (``epilogue``).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+
+from tvm_ext import tuning
+
+PEERS = ("ort",)
+
+
+def parse_peers(text: str | None) -> list[str]:
+    names = [s.strip() for s in (text or "").split(",") if s.strip()]
+    for name in names:
+        if name not in PEERS:
+            raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+    return names
+
+
+def threads_of(target) -> int:
+    """Threads TVM uses for ``target``: its num-cores, else the physical cores."""
+    from tvm_ext.targets import physical_cores
+
+    cores = target.attrs.get("num-cores") if hasattr(target, "attrs") else None
+    return int(cores) if cores else physical_cores()
+
+
+# ----------------------------------------------------------------------------- end to end
+def ort_network(workload, threads: int, log=print):
+    """(callable running the exported network in ORT, diff of its output vs the reference,
+    weight type used).
+
+    The residual adds use ``com.microsoft.QLinearAdd`` (what ORT runs fastest); weights
+    are int8 on VNNI hosts and uint8 elsewhere, where ORT's int8 kernels saturate (see
+    ``onnx_export.weight_inputs``). The diff is the largest difference in uint8 steps
+    and the fraction of differing outputs: one-step rounding differences of single
+    layers grow through a deep network."""
+    from tvm_ext import onnx_export
+
+    graph = workload.reference
+    if not hasattr(graph, "steps"):
+        raise ValueError(f"--peers ort: workload {workload.name!r} has no quantized graph to export")
+    batch = workload.inputs[0].shape[0]
+    weights = onnx_export.exact_weights_for_host()
+    model, _ = onnx_export.export_quant_graph(graph, batch, exact_add=False, weights=weights)
+    sess = onnx_export.ort_session(model, threads)
+    feed = {"images": workload.inputs[0]}
+    (out,) = sess.run(None, feed)
+    # the exported graph is NCHW inside; a network ending in a conv returns NCHW
+    diff = onnx_export.diff_steps(onnx_export.to_nhwc(out), workload.reference(workload.inputs))
+    log(f"ort: output differs from the exact reference by up to {diff['max_step']} uint8 "
+        f"steps in {100 * diff['frac_differ']:.1f}% of the outputs")
+    return (lambda: sess.run(None, feed)), diff, weights
+
+
+# ----------------------------------------------------------------------------- per layer
+def conv_shape(func) -> dict | None:
+    """The conv shape of a fused conv task, read from its argument shapes, or None.
+
+    Handles NHWC (data [n, h, w, c], weights HWIO) and packed NCHWc (data
+    [n, c/b, h, w, b], weights packed with any blocking): channels come from the data and
+    output tensors, the kernel size from the weight's element count, the stride from the
+    spatial sizes; padding is ``k // 2`` as in every conv of the int8 workloads.
+    """
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    infos = [(str(a.dtype), [int(d) for d in a.shape]) for a in ArgInfo.from_prim_func(func)]
+    at = next((i for i, (d, s) in enumerate(infos) if d == "uint8" and len(s) in (4, 5)), None)
+    data = None if at is None else infos[at][1]
+    weight = next((s for d, s in infos if d == "int8" and len(s) >= 4), None)
+    out_dtype, out = infos[-1]
+    if data is None or weight is None or out_dtype != "uint8" or len(out) != len(data):
+        return None
+
+    def split(shape):  # (spatial h, spatial w, channels)
+        return (shape[1], shape[2], shape[3]) if len(shape) == 4 else (shape[2], shape[3], shape[1] * shape[4])
+
+    (h, w, c_in), (ho, _, c_out) = split(data), split(out)
+    k = math.isqrt(math.prod(weight) // (c_in * c_out))
+    stride = next((s for s in (1, 2, 4) if (h + 2 * (k // 2) - k) // s + 1 == ho), None)
+    if k * k * c_in * c_out != math.prod(weight) or stride is None:
+        return None
+    residual = sum(1 for d, s in infos[at + 1:-1] if d == "uint8" and s == out)
+    return {"n": data[0], "h": h, "w": w, "c_in": c_in, "c_out": c_out, "k": k,
+            "stride": stride, "pad": k // 2, "epilogue": "requantize+add" if residual else "requantize"}
+
+
+def shape_label(shape: dict) -> str:
+    return (f"{shape['n']}x{shape['h']}x{shape['w']}x{shape['c_in']}->{shape['c_out']} "
+            f"k{shape['k']}s{shape['stride']}")
+
+
+def _random_args(func, dev, rng):
+    import tvm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    args = []
+    for info in ArgInfo.from_prim_func(func):
+        dtype, shape = str(info.dtype), [int(d) for d in info.shape]
+        if dtype.startswith(("int", "uint")):
+            lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+            value = rng.integers(max(lo, -100), min(hi, 100) + 1, shape).astype(dtype)
+        else:
+            value = rng.standard_normal(shape).astype(dtype)
+        args.append(tvm.runtime.tensor(value, dev))
+    return args
+
+
+def _median_alternating(fns: dict, rounds: int, number: int) -> dict:
+    """Median over ``rounds`` of the mean seconds of ``number`` calls, callables alternating."""
+    samples = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()  # warm up
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            samples[name].append((time.perf_counter() - start) / number)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def layer_rows(work_dir: str, target, threads: int, rounds: int = 10, number: int = 5,
+               log=print) -> list[dict]:
+    """Per conv task of the database at ``work_dir``: TVM (best record) vs ORT microseconds."""
+    import tvm
+
+    from tvm_ext import onnx_export
+
+    meta = tuning.read_meta(work_dir)
+    database = tuning.open_database(work_dir)
+    dev = tuning.device_for(target)
+    rng = np.random.default_rng(0)
+    rows = []
+    tasks = tuning.load_tasks(work_dir, meta)
+    for i, task in enumerate(tasks, 1):
+        shape = conv_shape(task.mod["main"])
+        record = tuning.best_record(database, task.mod)
+        if shape is None or record is None or tuning.record_seconds(record) is None:
+            continue
+        lib = tvm.compile(tuning.scheduled_mod(record, task.mod), target=target)
+        args = _random_args(task.mod["main"], dev, rng)
+        model, x = onnx_export.ort_conv_model(shape)
+        sess = onnx_export.ort_session(model, threads)
+        feed = {"x": x}
+        secs = _median_alternating({"tvm": lambda: (lib["main"](*args), dev.sync()),
+                                    "ort": lambda: sess.run(None, feed)}, rounds, number)
+        row = {"shape": shape_label(shape), "task": task.name, "count": task.weight,
+               "epilogue": shape["epilogue"], "tvm_us": secs["tvm"] * 1e6, "ort_us": secs["ort"] * 1e6}
+        log(f"[{i}/{len(tasks)}] {row['shape']} ({row['epilogue']}, x{row['count']}): "
+            f"tvm {row['tvm_us']:.0f} us, ort {row['ort_us']:.0f} us")
+        rows.append(row)
+    return rows
+
+
+def format_layers(rows: list[dict]) -> str:
+    lines = [f"{'conv shape':<28} {'epilogue':<15} {'x':>2} {'tvm us':>9} {'ort us':>9} {'tvm/ort':>7}"]
+    for r in rows:
+        lines.append(f"{r['shape']:<28} {r['epilogue']:<15} {r['count']:>2} {r['tvm_us']:>9.0f} "
+                     f"{r['ort_us']:>9.0f} {r['tvm_us'] / r['ort_us']:>7.2f}")
+    tvm_total = sum(r["tvm_us"] * r["count"] for r in rows)
+    ort_total = sum(r["ort_us"] * r["count"] for r in rows)
+    if rows:
+        lines.append(f"{'weighted sum':<28} {'':<15} {'':>2} {tvm_total:>9.0f} {ort_total:>9.0f} "
+                     f"{tvm_total / ort_total:>7.2f}")
+    return "\n".join(lines)
