@@ -25,6 +25,7 @@ def cli(*args, check=True, timeout=900):
     (["tune", "conv2d-int8", "--ruleset", "fastest"], "unknown ruleset 'fastest'"),
     (["tune", "conv2d-int8", "--target", '{"kind": "llvm"'], "malformed target JSON"),
     (["bench", "conv2d-int8", "--rulesets", "plugin,nope"], "unknown ruleset 'nope'"),
+    (["bench", "conv2d-int8", "--peers", "tensorrt"], "unknown peer 'tensorrt'"),
     (["report", "/nonexistent/dir"], "not a tvm_ext tuning database"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
@@ -106,8 +107,9 @@ def test_ctrl_c_leaves_a_valid_database_and_resume_finishes(tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-2000:]
     assert "resume" in err
-    partial = json.loads(cli("report", work_dir, "--json").stdout)["tasks"][0]["trials"]
-    assert 1 <= partial < 6
+    partial = json.loads(cli("report", work_dir, "--json").stdout)["tasks"][0]
+    assert 1 <= partial["trials"] < 6
+    assert partial["tuning_s"] > 0  # the interrupted run's time is counted
     done = json.loads(cli("tune", "conv2d-int8", *SMALL, "--trials", "6", "--work-dir", work_dir,
                           "--json").stdout)
     assert done["tasks"][0]["trials"] == 6
@@ -116,14 +118,21 @@ def test_ctrl_c_leaves_a_valid_database_and_resume_finishes(tmp_path):
 def test_bench_checks_exactness_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin,upstream", "--trials", "2",
-               "--rounds", "3", "--logs-dir", str(tmp_path), "--out", str(out))
+               "--rounds", "3", "--logs-dir", str(tmp_path), "--out", str(out),
+               "--peers", "ort", "--layers")
     result = json.loads(out.read_text())
-    assert {"workload", "target", "trials_per_task", "rows"} <= set(result)
-    assert [r["ruleset"] for r in result["rows"]] == ["plugin", "upstream"]
-    for row in result["rows"]:
+    assert {"workload", "target", "trials_per_task", "rows", "per_layer"} <= set(result)
+    assert [r["ruleset"] for r in result["rows"]] == ["plugin", "upstream", "ort"]
+    for row in result["rows"][:2]:
         assert row["exact_match"] is True and row["e2e_ms"] > 0
     assert result["rows"][0]["ratio_to_plugin"] == 1.0
-    assert "vs plugin" in proc.stdout
+    ort = result["rows"][2]
+    # ORT rounds its float multiplier differently: at most one uint8 step on one layer
+    assert ort["e2e_ms"] > 0 and ort["exact_match"] is False and ort["max_step"] <= 1
+    (layer,) = result["per_layer"]  # the one conv task, timed against one QLinearConv
+    assert layer["shape"] == "1x8x8x64->64 k3s1" and layer["epilogue"] == "requantize"
+    assert layer["tvm_us"] > 0 and layer["ort_us"] > 0 and layer["ruleset"] == "plugin"
+    assert "vs plugin" in proc.stdout and "tvm/ort" in proc.stdout
 
 
 def test_cuda_build_only_without_a_gpu():

@@ -181,11 +181,16 @@ def record_seconds(record) -> float | None:
     return sum(secs) / len(secs)
 
 
-def kernels_of(record, mod: tvm.IRModule) -> int:
-    """Top-level loop nests (llvm) / kernels (cuda) of a record's schedule of ``mod``."""
+def scheduled_mod(record, mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the record's trace (postprocessors included) applied."""
     sch = tvm.s_tir.Schedule(mod)
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    return top_level_nests(sch.mod["main"])
+    return sch.mod
+
+
+def kernels_of(record, mod: tvm.IRModule) -> int:
+    """Top-level loop nests (llvm) / kernels (cuda) of a record's schedule of ``mod``."""
+    return top_level_nests(scheduled_mod(record, mod)["main"])
 
 
 # ----------------------------------------------------------------------------- tuning
@@ -287,22 +292,24 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
                                  search_strategy=search_strategy(trials), task_name=task.name,
                                  rand_state=seed + i, num_threads="physical",
                                  logger=task_logger(work_dir, task.name)).clone()
-        ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=work_dir,
-                      max_trials_global=trials - done, max_trials_per_task=trials - done,
-                      num_trials_per_iter=min(per_iter, trials - done), database=database,
-                      runner=runner, builder=make_builder(), measure_callbacks=callbacks)
+        try:
+            ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=work_dir,
+                          max_trials_global=trials - done, max_trials_per_task=trials - done,
+                          num_trials_per_iter=min(per_iter, trials - done), database=database,
+                          runner=runner, builder=make_builder(), measure_callbacks=callbacks)
+        finally:  # also when stopped: the records it wrote were paid for
+            elapsed = time.time() - start
+            add_tuning_seconds(work_dir, task.name, elapsed)
         best = best_record(database, task.mod)
         secs = record_seconds(best) if best is not None else None
         shown = f"{secs * 1e6:.1f} us" if secs is not None else "no valid run"
-        elapsed = time.time() - start
-        add_tuning_seconds(work_dir, task.name, elapsed)
         log(f"{head}: best {shown} after {elapsed:.0f} s")
     return report(work_dir)
 
 
 def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:
     """Add wall seconds spent tuning ``task_name`` to the work dir's metadata: what a user
-    pays for the schedules (summed over resumed runs; an interrupted run is not counted)."""
+    pays for the schedules (summed over resumed and interrupted runs; lost on a kill)."""
     meta = read_meta(work_dir)
     for entry in meta["tasks"]:
         if entry["name"] == task_name:
