@@ -133,6 +133,11 @@ def test_bench_checks_exactness_and_writes_json(tmp_path):
     assert layer["shape"] == "1x8x8x64->64 k3s1" and layer["epilogue"] == "requantize"
     assert layer["tvm_us"] > 0 and layer["ort_us"] > 0 and layer["ruleset"] == "plugin"
     assert "vs plugin" in proc.stdout and "tvm/ort" in proc.stdout
+    again = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--from-logs", "--rounds", "2",
+                "--logs-dir", str(tmp_path), "--out", str(out), "--peers", "ort")
+    result = json.loads(out.read_text())  # the databases' budget, the peer row has none
+    assert result["trials_per_task"] == 2 and [r["ruleset"] for r in result["rows"]] == ["plugin", "ort"]
+    assert "ort" in again.stdout
 
 
 def test_cuda_build_only_without_a_gpu():

@@ -81,7 +81,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
             row["ruleset"] = rows[0]["ruleset"]
     result = {"workload": workload.name, "options": workload.options, "target": target.kind.name,
               "trials_per_task": trials if not from_logs else min(
-                  (r["min_trials"] for r in rows if r["min_trials"] is not None), default=None),
+                  (r["min_trials"] for r in rows if r.get("min_trials") is not None), default=None),
               "rounds": rounds, "rows": rows}
     if per_layer is not None:
         result["per_layer"] = per_layer
