@@ -59,6 +59,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         runs[ruleset] = (lambda vm=vm, args=args, dev=dev: (vm["main"](*args), dev.sync()))
         summary = tuning.report(work_dir)
         rows.append({"ruleset": ruleset, "exact_match": bool(ok), "work_dir": work_dir,
+                     "tuned_for": meta["target"].get("mcpu"),
                      "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
                      "min_trials": min((t["trials"] for t in summary["tasks"]), default=None)})
     threads = peer_module().threads_of(target)
@@ -79,7 +80,12 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         per_layer = peer_module().layer_rows(work_dir, target, threads, log=log)
         for row in per_layer:
             row["ruleset"] = rows[0]["ruleset"]
+    from tvm_ext.targets import describe_host
+
+    host = describe_host()
     result = {"workload": workload.name, "options": workload.options, "target": target.kind.name,
+              "host": {"cpu": host.get("cpu_name"), "mcpu": host.get("mcpu"),
+                       "cores": host.get("physical_cores")},
               "trials_per_task": trials if not from_logs else min(
                   (r["min_trials"] for r in rows if r.get("min_trials") is not None), default=None),
               "rounds": rounds, "rows": rows}
