@@ -1,5 +1,6 @@
 """Batched nvcc (tvm_ext.nvcc): every source gets the outcome and error text of its own compile."""
 import shutil
+from collections import Counter
 
 import pytest
 import tvm
@@ -101,7 +102,7 @@ def test_candidates_fail_as_documented(candidates):
 @needs_nvcc
 def test_compile_batch_gives_each_source_its_own_outcome_and_error(candidates):
     sources, alone = candidates
-    stats = nvcc.Counter()
+    stats = Counter()
     assert nvcc.compile_batch(sources, "sm_80", stats=stats) == alone
     # the two that compile did so in one batch; each failure was compiled alone
     assert stats["batched_ok"] == 2 and stats["batch_failures"] == 2
