@@ -26,6 +26,7 @@ def cli(*args, check=True, timeout=900):
     (["tune", "conv2d-int8", "--target", '{"kind": "llvm"'], "malformed target JSON"),
     (["bench", "conv2d-int8", "--rulesets", "plugin,nope"], "unknown ruleset 'nope'"),
     (["bench", "conv2d-int8", "--peers", "tensorrt"], "unknown peer 'tensorrt'"),
+    (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),
     (["report", "/nonexistent/dir"], "not a tvm_ext tuning database"),
 ])
 def test_bad_input_is_one_clear_line(args, message):

@@ -26,7 +26,9 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", action="store_true",
                    help="int8: also time every conv task of the first rule set's database "
                         "against one ONNX Runtime QLinearConv of the same shape")
-    p.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds (default 20)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved timing rounds (default 20 for int8, 5 for phi2; one phi2-prefill "
+                        "round at real size took 12 min on a loaded 2-core EPYC)")
     p.add_argument("--build-only", action="store_true",
                    help="phi2: build every kernel of every schedule (nvcc for cuda), run nothing")
     p.add_argument("--config", default="full", help="phi2: full (real size) or reduced")
@@ -42,6 +44,8 @@ def run(args) -> int:
     from tvm_ext.commands.common import load_workload, parse_rulesets, resolve_target
 
     check_workload_name(args.workload)
+    if args.rounds is not None and args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
     target = resolve_target(args.target)
     out = args.out or os.path.join(args.logs_dir, f"bench-{args.workload}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):
@@ -49,7 +53,8 @@ def run(args) -> int:
 
         result = phi2_bench.run(args.workload, target=target, trials=args.trials,
                                 from_logs=args.from_logs, build_only=args.build_only, out_json=out,
-                                log=log, config=args.config)
+                                log=log, config=args.config,
+                                **({} if args.rounds is None else {"rounds": args.rounds}))
         print(phi2_bench.format_table(result) if not args.build_only else result)
         return 0
     from tvm_ext import bench_int8
@@ -62,7 +67,7 @@ def run(args) -> int:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
     workload = load_workload(args)
     result = bench_int8.run(workload, target, rulesets, args.trials or 32, args.from_logs,
-                            args.rounds, out, log=log, work_root=args.logs_dir, peers=peers,
+                            args.rounds or 20, out, log=log, work_root=args.logs_dir, peers=peers,
                             layers=args.layers)
     print(bench_int8.format_table(result))
     return 0 if all(row["exact_match"] for row in result["rows"] if row["ruleset"] in rulesets) else 1
