@@ -13,8 +13,6 @@ work than the single ORT op; its row says so (``epilogue``).
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import numpy as np
 
@@ -120,26 +118,13 @@ def _random_args(func, dev, rng):
     return args
 
 
-def _median_alternating(fns: dict, rounds: int, number: int) -> dict:
-    """Median over ``rounds`` of the mean seconds of ``number`` calls, callables alternating."""
-    samples = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()  # warm up
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            samples[name].append((time.perf_counter() - start) / number)
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
-def layer_rows(work_dir: str, target, threads: int, rounds: int = 10, number: int = 5,
-               log=print) -> list[dict]:
-    """Per conv task of the database at ``work_dir``: TVM (best record) vs ORT microseconds."""
+def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print) -> list[dict]:
+    """Per conv task of the database at ``work_dir``: TVM (best record) vs ORT microseconds,
+    medians of ``rounds`` calls each, the two alternating."""
     import tvm
 
     from tvm_ext import onnx_export
+    from tvm_ext.bench_int8 import time_interleaved
 
     meta = tuning.read_meta(work_dir)
     database = tuning.open_database(work_dir)
@@ -157,8 +142,8 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 10, number: in
         model, x = onnx_export.ort_conv_model(shape)
         sess = onnx_export.ort_session(model, threads)
         feed = {"x": x}
-        secs = _median_alternating({"tvm": lambda: (lib["main"](*args), dev.sync()),
-                                    "ort": lambda: sess.run(None, feed)}, rounds, number)
+        secs = time_interleaved({"tvm": lambda: (lib["main"](*args), dev.sync()),
+                                 "ort": lambda: sess.run(None, feed)}, rounds)
         row = {"shape": shape_label(shape), "task": task.name, "count": task.weight,
                "epilogue": shape["epilogue"], "tvm_us": secs["tvm"] * 1e6, "ort_us": secs["ort"] * 1e6}
         log(f"[{i}/{len(tasks)}] {row['shape']} ({row['epilogue']}, x{row['count']}): "
