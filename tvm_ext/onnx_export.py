@@ -20,8 +20,7 @@ the ``[bench]`` extra: ``onnx`` and ``onnxruntime``.
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -297,26 +296,12 @@ def compare_resnet50_int8(batch: int = 1, image: int = 224, seed: int = 0, threa
     return result
 
 
-def time_callable(fn: Callable[[], Any], number: int = 10, repeat: int = 5, warmup: int = 2) -> float:
-    """Median over ``repeat`` of the mean seconds of ``number`` calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - t0) / number)
-    return float(np.median(times))
-
-
 __all__ = [
     "export_quant_graph",
     "fixed_to_float",
     "ort_session",
     "diff_steps",
     "compare_resnet50_int8",
-    "time_callable",
 ]
 
 
