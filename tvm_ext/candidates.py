@@ -34,10 +34,7 @@ from tvm_ext.nvcc import (NVCC_FLAGS, CompilePool, compile_cuda, compile_many,  
 
 # --------------------------------------------------------------------------- sampling
 def tune_context(mod, target, space, task_name: str = "main") -> ms.TuneContext:
-    """A TuneContext that initializes ``space`` (its rules and postprocs) for ``target``.
-
-    The first one in a process costs ~40 s (TVM parses its tensor intrinsics).
-    """
+    """A TuneContext that initializes ``space`` (its rules and postprocs) for ``target``."""
     if isinstance(mod, tirx.PrimFunc):
         mod = tvm.IRModule({"main": mod})
     return ms.TuneContext(mod=mod, target=target, space_generator=space, task_name=task_name,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
+from tvm_ext.intrin_import import import_tensor_intrinsics
+
 RULESETS = ("plugin", "no-inline-const", "upstream")
 
 
@@ -80,7 +82,12 @@ def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> lis
 
 
 def space(target: tvm.target.Target, ruleset: str = "plugin") -> ms.space_generator.PostOrderApply:
-    """A PostOrderApply design-space generator with the rule set's rules and postprocs."""
+    """A PostOrderApply design-space generator with the rule set's rules and postprocs.
+
+    Also imports TVM's tensor intrinsics the fast way (see ``tvm_ext.intrin_import``), so
+    that the ``ms.TuneContext`` this space goes into does not spend ~40 s importing them.
+    """
+    import_tensor_intrinsics()
     return ms.space_generator.PostOrderApply(
         sch_rules=default_rules(target, ruleset),
         postprocs=default_postprocs(target, ruleset),

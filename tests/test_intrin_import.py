@@ -1,0 +1,34 @@
+"""tvm_ext.intrin_import: the memoized inspect.getmodule sees the same stack, and the fast
+import registers TVM's tensor intrinsics."""
+import inspect
+import subprocess
+import sys
+
+from tvm_ext.intrin_import import _getmodule_memoized_by_file
+
+
+def _frames():
+    return [(f.filename, f.lineno, f.function, f.code_context) for f in inspect.stack()]
+
+
+def test_stack_is_the_same_with_memoized_getmodule():
+    plain = _frames()
+    original = inspect.getmodule
+    with _getmodule_memoized_by_file():
+        assert inspect.getmodule is not original
+        memoized = [_frames(), _frames()]  # the second call is answered from the memo
+    assert inspect.getmodule is original
+    # [0] is _frames, [1] the calling line of this test: the callers above must agree
+    assert memoized[0][2:] == plain[2:] and memoized[1][2:] == plain[2:]
+    assert any(f[3] for f in plain)  # source lines are really looked up
+
+
+def test_fast_import_registers_the_intrinsics():
+    code = ("import sys, tvm\n"
+            "from tvm_ext.intrin_import import import_tensor_intrinsics\n"
+            "import_tensor_intrinsics()\n"
+            "assert 'tvm.s_tir.tensor_intrin.cuda' in sys.modules\n"
+            "from tvm.s_tir.tensor_intrin.cuda import WMMA_SYNC_16x16x16_f16f16f32_INTRIN as n\n"
+            "assert tvm.s_tir.TensorIntrin.get(n).desc is not None\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
