@@ -25,6 +25,7 @@ def cli(*args, check=True, timeout=900):
     (["tune", "conv2d-int8", "--ruleset", "fastest"], "unknown ruleset 'fastest'"),
     (["tune", "conv2d-int8", "--target", '{"kind": "llvm"'], "malformed target JSON"),
     (["bench", "conv2d-int8", "--rulesets", "plugin,nope"], "unknown ruleset 'nope'"),
+    (["bench", "conv2d-int8", "--rulesets", "plugin,upstream@tpu"], "unknown target 'tpu'"),
     (["bench", "conv2d-int8", "--peers", "tensorrt"], "unknown peer 'tensorrt'"),
     (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),
     (["report", "/nonexistent/dir"], "not a tvm_ext tuning database"),
@@ -118,12 +119,17 @@ def test_ctrl_c_leaves_a_valid_database_and_resume_finishes(tmp_path):
 
 def test_bench_checks_exactness_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin,upstream", "--trials", "2",
+    proc = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin,upstream@llvm-generic", "--trials", "2",
                "--rounds", "3", "--logs-dir", str(tmp_path), "--out", str(out),
                "--peers", "ort", "--layers")
     result = json.loads(out.read_text())
     assert {"workload", "target", "trials_per_task", "rows", "per_layer"} <= set(result)
-    assert [r["ruleset"] for r in result["rows"]] == ["plugin", "upstream", "ort"]
+    assert [r["ruleset"] for r in result["rows"]] == ["plugin", "upstream@llvm-generic", "ort"]
+    # the @llvm-generic row is tuned for plain {"kind": "llvm"} into its own directory
+    assert [r["target"] for r in result["rows"][:2]] == ["llvm", "llvm-generic"]
+    assert result["rows"][1]["work_dir"].endswith("conv2d-int8-llvm-generic-upstream")
+    generic = json.loads(cli("report", result["rows"][1]["work_dir"], "--json").stdout)["target_detail"]
+    assert generic["kind"] == "llvm" and "mcpu" not in generic
     for row in result["rows"][:2]:
         assert row["exact_match"] is True and row["e2e_ms"] > 0
     assert result["rows"][0]["ratio_to_plugin"] == 1.0

@@ -35,30 +35,38 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         layers: bool = False) -> dict:
     """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict.
 
+    A rule set written ``RULESET@TARGET`` (``upstream@llvm-generic``) is tuned, compiled
+    and timed for that target instead of ``target``, in the same rounds as the others.
+
     ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
     rounds (a row with ``"ruleset": "ort"``); ``layers`` adds ``"per_layer"``: every conv
     task of the first rule set's database against one ORT QLinearConv of its shape."""
     import tvm
 
-    runs, rows = {}, []
-    for ruleset in rulesets:
-        work_dir = tuning.default_work_dir(workload.name, target, ruleset, work_root)
+    from tvm_ext.targets import resolve_target, target_key
+
+    runs, rows, targets = {}, [], {}
+    for label in rulesets:
+        ruleset, _, target_name = label.partition("@")  # "upstream@llvm-generic": own target
+        row_target = targets[label] = resolve_target(target_name) if target_name else target
+        work_dir = tuning.default_work_dir(workload.name, row_target, ruleset, work_root)
         if not from_logs:
-            tuning.tune(workload, target, work_dir, trials, ruleset, log=log)
+            tuning.tune(workload, row_target, work_dir, trials, ruleset, log=log)
         meta = tuning.read_meta(work_dir)  # a clear error when a committed database is missing
         if meta["options"] != workload.options:
             raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, "
                                           f"not {workload.options}")
-        log(f"compiling {workload.name} with the {ruleset} database ...")
-        vm = tuning.make_vm(tuning.compile_workload(workload, target, work_dir), target)
-        output = tuning.run_workload(vm, workload, target)
+        log(f"compiling {workload.name} with the {label} database ...")
+        vm = tuning.make_vm(tuning.compile_workload(workload, row_target, work_dir), row_target)
+        output = tuning.run_workload(vm, workload, row_target)
         ok, summary = workload.check(output)
-        log(f"{ruleset}: {'exact match' if ok else 'MISMATCH'} with the NumPy reference ({summary})")
-        dev = tuning.device_for(target)
+        log(f"{label}: {'exact match' if ok else 'MISMATCH'} with the NumPy reference ({summary})")
+        dev = tuning.device_for(row_target)
         args = [tvm.runtime.tensor(x, dev) for x in workload.inputs]
-        runs[ruleset] = (lambda vm=vm, args=args, dev=dev: (vm["main"](*args), dev.sync()))
+        runs[label] = (lambda vm=vm, args=args, dev=dev: (vm["main"](*args), dev.sync()))
         summary = tuning.report(work_dir)
-        rows.append({"ruleset": ruleset, "exact_match": bool(ok), "work_dir": work_dir,
+        rows.append({"ruleset": label, "exact_match": bool(ok), "work_dir": work_dir,
+                     "target": target_key(row_target),
                      "tuned_for": meta["target"].get("mcpu"),
                      "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
                      "min_trials": min((t["trials"] for t in summary["tasks"]), default=None)})
@@ -77,7 +85,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     if layers:
         work_dir = rows[0]["work_dir"]
         log(f"timing every conv task of {work_dir} against ORT, {threads} threads ...")
-        per_layer = peer_module().layer_rows(work_dir, target, threads, log=log)
+        per_layer = peer_module().layer_rows(work_dir, targets[rows[0]["ruleset"]], threads, log=log)
         for row in per_layer:
             row["ruleset"] = rows[0]["ruleset"]
     from tvm_ext.targets import describe_host
@@ -109,14 +117,14 @@ def format_table(result: dict) -> str:
     lines = [f"{result['workload']} {result['options']} on {result['target']}, "
              f"{result['trials_per_task']} trials per task, median of {result['rounds']} "
              "interleaved rounds",
-             f"{'ruleset':<16} {'e2e ms':>9} {'vs plugin':>9} {'est. ms':>9}  exact"]
+             f"{'ruleset':<22} {'e2e ms':>9} {'vs plugin':>9} {'est. ms':>9}  exact"]
     for row in result["rows"]:
         est = row.get("e2e_estimate_ms")
         est = "-" if est is None else f"{est:.3f}"
         exact = "yes" if row["exact_match"] else "NO"
         if "max_step" in row:  # a peer: rounds differently, say by how much
             exact = f"no: <= {row['max_step']} steps in {100 * row['frac_differ']:.1f}%"
-        lines.append(f"{row['ruleset']:<16} {row['e2e_ms']:>9.3f} {row['ratio_to_plugin']:>9.2f} "
+        lines.append(f"{row['ruleset']:<22} {row['e2e_ms']:>9.3f} {row['ratio_to_plugin']:>9.2f} "
                      f"{est:>9}  {exact}")
     if "per_layer" in result:
         lines += ["", f"per conv task ({result['per_layer'][0]['ruleset'] if result['per_layer'] else '-'} "

@@ -245,9 +245,11 @@ def cuda_target(arch: str) -> Target:
 def resolve_target(spec: TargetSpec) -> Target:
     """Turn a CLI/API target spec into a Target.
 
-    spec: "llvm" (this host, see describe_host), "llvm-generic" (plain {"kind": "llvm"}),
-    "cuda" (arch from nvidia-smi, else sm_80), "cuda-sm75" / "cuda-sm80" / "cuda-sm90",
-    a JSON object string, a dict, or a Target (returned as is).
+    spec: "llvm" (this host, see describe_host), "llvm-generic" (plain {"kind": "llvm"}:
+    baseline x86-64 code), "cuda" (arch from nvidia-smi, else sm_80), "cuda-sm75" /
+    "cuda-sm80" / "cuda-sm90", a JSON object string, a dict, or a Target (returned as is).
+    An llvm spec without "num-cores" gets this machine's physical core count: MetaSchedule
+    refuses to tune for an llvm target without it.
     Malformed JSON or an unknown name raises ValueError with a one-line message.
     """
     if isinstance(spec, Target):
@@ -260,7 +262,7 @@ def resolve_target(spec: TargetSpec) -> Target:
     if s == "llvm":
         return host_target()
     if s == "llvm-generic":
-        return Target({"kind": "llvm"})
+        return Target({"kind": "llvm", "num-cores": physical_cores()})
     if s == "cuda":
         return cuda_target(_nvidia_smi_arch() or DEFAULT_CUDA_ARCH)
     if s in CUDA_PRESETS:
@@ -287,6 +289,9 @@ def _short(s: str, n: int = 80) -> str:
 def _from_dict(cfg: dict, text: str) -> Target:
     if "kind" not in cfg:
         raise ValueError(f"target JSON has no 'kind': {_short(text)}")
+    if cfg["kind"] == "llvm" and "num-cores" not in cfg:
+        # MetaSchedule refuses an llvm target without it; default to this machine's cores
+        cfg = {**cfg, "num-cores": physical_cores()}
     try:
         return Target(cfg)
     except Exception as err:  # pylint: disable=broad-except
@@ -296,13 +301,18 @@ def _from_dict(cfg: dict, text: str) -> Target:
 
 
 def target_key(target: TargetSpec) -> str:
-    """Short name for directory names: "llvm", "cuda", "cuda-sm80", ... .
+    """Short name for directory names: "llvm", "llvm-generic", "cuda".
 
-    The preset names collapse to their kind ("llvm" for the host preset and any llvm
-    target, "cuda" for any cuda target), matching tuning_logs/<workload>-<key>-<ruleset>/.
+    Targets collapse to their kind ("llvm" for the host preset and any llvm target with
+    an ``mcpu`` or ``mattr``, "cuda" for any cuda target), matching
+    tuning_logs/<workload>-<key>-<ruleset>/. A plain ``{"kind": "llvm"}`` is
+    "llvm-generic": its baseline x86-64 code is what a user gets without naming a CPU,
+    and its database must not share a directory with the host's.
     """
     t = resolve_target(target)
     kind = str(t.kind.name)
+    if kind == "llvm" and not any(k in t.attrs for k in ("mcpu", "mattr")):
+        return "llvm-generic"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", kind)
 
 

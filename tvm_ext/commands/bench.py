@@ -15,7 +15,9 @@ def add_parser(sub) -> None:
                     "memory-bandwidth bound.")
     add_workload_args(p)
     p.add_argument("--rulesets", default="plugin,no-inline-const,upstream",
-                   help="comma-separated rule sets for int8 workloads (default all three)")
+                   help="comma-separated rule sets for int8 workloads (default all three); "
+                        "RULESET@TARGET (e.g. upstream@llvm-generic) tunes and times that row "
+                        "for another target preset in the same rounds")
     p.add_argument("--trials", type=int, default=None,
                    help="trials per task (int8 default 32) or per kernel (phi2)")
     p.add_argument("--from-logs", action="store_true",

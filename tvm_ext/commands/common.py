@@ -56,9 +56,16 @@ def resolve_target(spec: str):
 
 
 def parse_rulesets(text: str) -> list[str]:
+    """Bench rows: ``RULESET`` or ``RULESET@TARGET`` (a target preset name such as
+    ``upstream@llvm-generic``: that row is tuned and compiled for its own target)."""
     from tvm_ext.rulesets import check_ruleset
 
     names = [s.strip() for s in text.split(",") if s.strip()]
     if not names:
         raise ValueError("--rulesets is empty")
-    return [check_ruleset(n) for n in names]
+    for name in names:
+        ruleset, _, target = name.partition("@")
+        check_ruleset(ruleset)
+        if target:
+            resolve_target(target)  # one clear line for an unknown target name
+    return names
