@@ -159,6 +159,13 @@ def avx_vnni_intrin() -> str:
     return _register(AVX_VNNI_INTRIN, 8)
 
 
+def register_intrinsics() -> None:
+    """Register both intrinsics: a database whose traces tensorize with them can only be
+    loaded (JSONDatabase replays every trace) once they exist in this process."""
+    avx512_vnni_intrin()
+    avx_vnni_intrin()
+
+
 def vnni_intrin_name(target) -> Optional[str]:
     """Name of the tensor intrinsic for ``target``: AVX-512 VNNI first, then AVX-VNNI."""
     from tvm_ext.targets import vnni_kinds  # pylint: disable=import-outside-toplevel

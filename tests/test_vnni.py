@@ -175,3 +175,26 @@ def test_tuned_with_rule_bit_exact(make):
     lib = tvm.compile(sch.mod, target=target)
     assert "vpdpbusd" in _asm(lib)
     np.testing.assert_array_equal(Q.run_case(case, lib), case.reference())
+
+
+def test_database_with_tensorized_records_opens_in_a_fresh_process(tmp_path):
+    """JSONDatabase replays every trace on load; a trace naming our intrinsic failed with
+    "TensorIntrin ... is not registered" in a process that had not built the space (bench
+    --from-logs). tuning.open_database registers the intrinsics first."""
+    import subprocess
+    import sys
+
+    case = Q.dense_case()
+    sch = _scheduled(case, AVX512)
+    target = tvm.target.Target(AVX512)
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path), module_equality="structural")
+    workload = db.commit_workload(case.mod)
+    db.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, workload, run_secs=[1e-4], target=target,
+        args_info=ms.arg_info.ArgInfo.from_prim_func(case.mod["main"])))
+    code = ("import sys; from tvm_ext import tuning; db = tuning.open_database(sys.argv[1]); "
+            "(r,) = db.get_all_tuning_records(); print(r.trace)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert V.AVX512_VNNI_INTRIN in proc.stdout

@@ -69,7 +69,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
                      "target": target_key(row_target),
                      "tuned_for": meta["target"].get("mcpu"),
                      "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
-                     "min_trials": min((t["trials"] for t in summary["tasks"]), default=None)})
+                     "min_trials": tuned_trials(summary["tasks"])})
     threads = peer_module().threads_of(target)
     if "ort" in peers:
         runs["ort"], diff, weights = peer_module().ort_network(workload, threads, log)
@@ -107,15 +107,26 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     return result
 
 
+def tuned_trials(tasks) -> int | None:
+    """Fewest trials of any task, not counting tasks measured once: a task whose space has
+    no decision (layout_nchwc, reshape) holds a single record at any budget."""
+    return min((t["trials"] for t in tasks if t["trials"] > 1), default=None)
+
+
 def peer_module():
     from tvm_ext import peers  # needs onnx / onnxruntime only when a peer is asked for
 
     return peers
 
 
+def _trials_text(result: dict) -> str:
+    counts = sorted({r["min_trials"] for r in result["rows"] if r.get("min_trials") is not None})
+    return f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(result["trials_per_task"])
+
+
 def format_table(result: dict) -> str:
     lines = [f"{result['workload']} {result['options']} on {result['target']}, "
-             f"{result['trials_per_task']} trials per task, median of {result['rounds']} "
+             f"{_trials_text(result)} trials per task, median of {result['rounds']} "
              "interleaved rounds",
              f"{'ruleset':<22} {'e2e ms':>9} {'vs plugin':>9} {'est. ms':>9}  exact"]
     for row in result["rows"]:

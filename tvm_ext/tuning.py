@@ -119,6 +119,9 @@ def repair_database(work_dir: str, log=print) -> int:
 
 
 def open_database(work_dir: str) -> ms.database.JSONDatabase:
+    from tvm_ext.rules.vnni_tensorize import register_intrinsics
+
+    register_intrinsics()  # records of VNNI-tensorized schedules name our intrinsics
     return ms.database.JSONDatabase(work_dir=work_dir, module_equality="structural")
 
 
