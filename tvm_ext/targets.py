@@ -262,7 +262,7 @@ def resolve_target(spec: TargetSpec) -> Target:
     if s == "llvm":
         return host_target()
     if s == "llvm-generic":
-        return Target({"kind": "llvm", "num-cores": physical_cores()})
+        return _from_dict({"kind": "llvm"}, s)  # gets num-cores like any llvm JSON spec
     if s == "cuda":
         return cuda_target(_nvidia_smi_arch() or DEFAULT_CUDA_ARCH)
     if s in CUDA_PRESETS:
