@@ -29,6 +29,8 @@ def cli(*args, check=True, timeout=900):
     (["bench", "conv2d-int8", "--peers", "tensorrt"], "unknown peer 'tensorrt'"),
     (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),
     (["report", "/nonexistent/dir"], "not a tvm_ext tuning database"),
+    (["check-rules", "--cases", "softmax,nope"], "unknown case(s) nope"),
+    (["check-rules", "--cases", "softmax", "--target", "cuda"], "needs an llvm target"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     proc = cli(*args, check=False)

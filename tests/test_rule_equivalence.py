@@ -64,3 +64,35 @@ def test_mismatch_is_saved_for_reproduction(target, tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_full_corpus(name, target, tmp_path):
     _check(CORPUS[name], target, 3, tmp_path)
+
+
+def test_check_rules_command_writes_json_and_exits_by_result(tmp_path, monkeypatch):
+    """``tvm-ext check-rules``: the slow test's work as a command; its exit code and
+    JSON follow the cases' results (one real case, then the same case corrupted)."""
+    import json
+
+    from tvm_ext import cli
+
+    out = tmp_path / "ok.json"
+    assert cli.main(["check-rules", "--cases", "softmax", "--candidates", "1", "--out", str(out),
+                     "--failure-dir", str(tmp_path)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["total"] == {**doc["total"], "planned": 1, "checked": 1, "ok": 1, "failed": 0}
+    assert doc["cases"][0]["name"] == "softmax" and doc["cases"][0]["candidates"] == 1
+
+    real = eq.run_mod
+    calls = []
+
+    def corrupt_candidates(mod, tgt, arrays):
+        out = real(mod, tgt, arrays)
+        calls.append(1)
+        if len(calls) > 1:
+            out[-1].flat[0] += 1
+        return out
+
+    monkeypatch.setattr(eq, "run_mod", corrupt_candidates)
+    bad = tmp_path / "bad.json"
+    assert cli.main(["check-rules", "--cases", "softmax", "--candidates", "1", "--out", str(bad),
+                     "--failure-dir", str(tmp_path)]) == 1
+    case = json.loads(bad.read_text())["cases"][0]
+    assert not case["ok"] and "max abs error" in case["message"] and case["failure_file"].startswith(str(tmp_path))

@@ -1,0 +1,105 @@
+"""``tvm-ext check-rules``: the equivalence corpus as a command (the slow test's work).
+
+Every case of ``tvm_ext.equivalence.corpus()`` is built, run unscheduled on random
+inputs, then ``--candidates`` schedules sampled from ``tvm_ext.space(target)`` are
+built, run and compared (exact for integers, tolerance for floats).  A failing case
+is written to ``--failure-dir`` with its function and trace; the JSON document is
+rewritten after every case, so an interrupted run keeps what it checked.
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "check-rules", help="numerical equivalence of tvm_ext's schedules on the operator corpus",
+        description="For each PrimFunc of the equivalence corpus (topi conv2d/dense/batch_matmul/pooling/"
+                    "softmax/layer_norm/elementwise/reductions/transpose/requantize, qnn ops and workload "
+                    "tasks, shapes drawn from --seed), sample candidates from tvm_ext.space(target), build "
+                    "and run them on random inputs and compare with the unscheduled function. Exit code 1 "
+                    "when any case fails; each failure is saved as a .py file that reproduces it.")
+    p.add_argument("--cases", default="all",
+                   help="all (default), fast (the CI subset), or case names, comma-separated (see --list)")
+    p.add_argument("--candidates", type=int, default=3, help="sampled schedules per case (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of shapes, inputs and sampling (default 0)")
+    p.add_argument("--target", default="llvm", help="an llvm target preset or JSON (default: this CPU)")
+    p.add_argument("--failure-dir", metavar="DIR", default=None,
+                   help="where failing cases are written (default $TVM_EXT_EQUIV_DIR or a temp folder)")
+    p.add_argument("--out", metavar="FILE", help="write the JSON result to FILE (rewritten after every case)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--list", action="store_true", help="list the corpus and exit")
+    p.set_defaults(func=run)
+
+
+def select_cases(corpus: list, spec: str, fast: tuple) -> list:
+    """The cases named by ``spec`` (all, fast or names), in corpus order; unknown names are an error."""
+    if spec == "all":
+        return list(corpus)
+    names = list(fast) if spec == "fast" else [s.strip() for s in spec.split(",") if s.strip()]
+    known = {c.name: c for c in corpus}
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"unknown case(s) {', '.join(unknown) or '(none given)'}; "
+                         f"see 'tvm-ext check-rules --list'")
+    return [c for c in corpus if c.name in set(names)]
+
+
+def document(target, candidates: int, seed: int, results: list, planned: int) -> dict:
+    cases = [{"name": r.name, "ok": r.ok, "candidates": r.candidates, "seconds": round(r.seconds, 2),
+              "message": r.message, "failure_file": r.failure_file} for r in results]
+    return {"target": str(target), "candidates_per_case": candidates, "seed": seed,
+            "total": {"planned": planned, "checked": len(results), "ok": sum(r.ok for r in results),
+                      "failed": sum(not r.ok for r in results),
+                      "candidates": sum(r.candidates for r in results),
+                      "seconds": round(sum(r.seconds for r in results), 1)},
+            "cases": cases}
+
+
+def format_table(doc: dict) -> str:
+    lines = [f"check-rules on {doc['target']}: {doc['candidates_per_case']} candidates per case, seed {doc['seed']}",
+             f"{'case':34s} {'cand':>4s} {'s':>7s}  result"]
+    for c in doc["cases"]:
+        result = "ok" if c["ok"] else f"FAIL {c['message']} -> {c['failure_file']}"
+        lines.append(f"{c['name']:34s} {c['candidates']:4d} {c['seconds']:7.1f}  {result}")
+    t = doc["total"]
+    lines.append(f"total: {t['ok']}/{t['checked']} cases equal ({t['candidates']} candidates, {t['seconds']} s)"
+                 + (f"; {t['planned'] - t['checked']} not checked" if t["checked"] < t["planned"] else ""))
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import json
+
+    from tvm_ext import equivalence as eq
+    from tvm_ext.commands.common import log, resolve_target
+
+    corpus = eq.corpus()
+    if args.list:
+        for case in corpus:
+            print(case.name + ("  (fast)" if case.name in eq.FAST else ""))
+        return 0
+    if args.candidates < 1:
+        raise ValueError("--candidates must be at least 1")
+    cases = select_cases(corpus, args.cases, eq.FAST)
+    target = resolve_target(args.target)
+    if str(target.kind.name) != "llvm":
+        raise ValueError(f"check-rules runs the kernels here: it needs an llvm target, not {target.kind.name}")
+    results = []
+
+    def write(doc):
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+                f.write("\n")
+
+    log(f"checking {len(cases)} cases, {args.candidates} candidates each, on {target}")
+    try:
+        for i, case in enumerate(cases):
+            r = eq.check_case(case, target, args.candidates, args.seed, failure_dir=args.failure_dir)
+            results.append(r)
+            log(f"[{i + 1}/{len(cases)}] {r.name}: {r.candidates} candidates, {r.seconds:.1f} s, "
+                + ("ok" if r.ok else f"FAIL {r.message} -> {r.failure_file}"))
+            write(document(target, args.candidates, args.seed, results, len(cases)))
+    finally:
+        doc = document(target, args.candidates, args.seed, results, len(cases))
+        write(doc)
+        print(json.dumps(doc) if args.json else format_table(doc))
+    return 0 if doc["total"]["failed"] == 0 else 1
