@@ -88,6 +88,9 @@ def test_metaschedule(decode, tmp_path, seeded):
         pairs.append((m, best))
         if seeded:
             assert phi2_bench.trials_to_beat(db, m, 1.0, True) in (1, 2)
+    # what a --from-logs bench reports as trials per kernel: the most records of any kernel
+    most = max(len(db.get_top_k(db.commit_workload(m), 100)) for m in mods.values())
+    assert phi2_bench._database_trials({False: {"metaschedule": db}}) == most <= 2 + int(seeded) + int(seeded)
     ok, msg = _run(wl, pairs)
     assert ok, msg
 
@@ -100,6 +103,7 @@ def test_seeded_without_tuning_is_dlight(decode, tmp_path):
     db = phi2_bench.open_db(str(tmp_path / "db"))
     phi2_bench.seed_database(db, mods, dl, target, {n: 1e-3 for n in mods})
     pairs = [(m, phi2_bench.best_schedule(db, m, target)) for m in mods.values()]
+    assert phi2_bench._database_trials({True: {"metaschedule": db}}) == 1  # one dlight record per kernel
     for (m, best), (rule, sch) in zip(pairs, dl.values()):
         expect = sch.mod if sch is not None else m
         # the seeded database's best record replays to exactly the dlight schedule

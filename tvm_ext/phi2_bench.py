@@ -425,6 +425,18 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
     return scheduled, {n: r for n, (r, _) in dl.items()}, dl_secs, dbs
 
 
+def _database_trials(dbs_by_fusion) -> int | None:
+    """Trials per kernel the metaschedule databases hold (what --from-logs benches): the
+    most records of any kernel, i.e. the budget; kernels with few distinct candidates
+    (copies, adds) stop earlier because MetaSchedule does not measure a schedule twice."""
+    from collections import Counter
+
+    most = [max(Counter(tvm_ffi.structural_hash(r.workload.mod)
+                        for r in dbs["metaschedule"].get_all_tuning_records()).values(), default=0)
+            for dbs in dbs_by_fusion.values()]
+    return max(most, default=0) or None
+
+
 def _trials_to_beat(dbs, ks, dl_secs, measured):
     """{schedule: {kernel: trials to beat dlight}} for one fusion mode; dlight's time is the
     one measured before tuning when this run tuned, else the bench's own median."""
@@ -521,6 +533,8 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         sched[fusion], rules[fusion], dl_secs[fusion], dbs[fusion] = _schedules(
             kss[fusion], target, kind, trials, from_logs, build_only, tuning_dir, log, dev, rng, repeat
         )
+    if from_logs:  # report what the databases hold, not the default budget
+        trials = _database_trials(dbs) or trials
     if build_only:
         built = []
         for fusion in (False, True):
