@@ -2,9 +2,10 @@
 
 What it does, per block:
 1. If the block's innermost iterators can be mapped onto the VNNI dot product
-   ``C[i] += A[k] * B[i, k]`` (i: 16 int32 lanes, k: 4 uint8 x int8 pairs) -- i.e. the
+   ``C[i] += A[k] * B[i, k]`` (i: 16 int32 lanes, k: 4 uint8 x int8 pairs) and the
    block reads 4 consecutive uint8 of the activation and a [16][4] int8 tile of the
-   weight, as the packed layouts of ``tvm_ext.workloads.qnn_vnni`` give -- it is tiled
+   weight, as the packed layouts of ``tvm_ext.workloads.qnn_vnni`` give (checked on the
+   buffers, see ``operands_packed``: the mapping alone also accepts strided tiles), it is tiled
    by TVM's MultiLevelTilingWithIntrin (structure SSRSRS, write cache at tile level 1
    or 2) and annotated for tensorization; ``RewriteTensorize`` (see ``vnni_postprocs``)
    then replaces the inner 16x4 block by the intrinsic.
@@ -179,6 +180,64 @@ def vnni_intrin_name(target) -> Optional[str]:
 
 
 # --------------------------------------------------------------------------- rule
+def operands_packed(block) -> bool:
+    """Whether ``block``'s operands lie in memory as the 16x4 implementation reads them.
+
+    The implementation loads the weight tile as 64 consecutive bytes, the activation as
+    4 consecutive bytes and the accumulators as 16 consecutive int32. TVM's tensorize
+    checks how the iterators map, not the strides, so a dense over a plain [N][K] int8
+    weight (row stride K) maps onto the intrinsic, tensorizes, and computes wrong sums
+    (found by the equivalence corpus, ``qnn_dense``). Required here: the int8 operand's
+    two innermost dimensions are exactly [16][4], indexed by a spatial iterator (lane)
+    and a reduction iterator (byte) -- the packed layouts of ``workloads.qnn_vnni``; the
+    uint8 operand's innermost index steps by 1 with that byte iterator and the output's
+    with the lane iterator (``v`` or ``v % 16`` / ``v % 4`` in the weight's index).
+    """
+    kinds = {iv.var: int(iv.iter_type) for iv in block.iter_vars}
+
+    def index(region, dim):
+        rng = region.region[dim]
+        return rng.min if int(getattr(rng.extent, "value", -1)) == 1 else None
+
+    def buffer(region):  # TVM 0.27: TensorRegion.source; earlier: BufferRegion.buffer
+        return region.source if hasattr(region, "source") else region.buffer
+
+    weights = [r for r in block.reads if str(buffer(r).dtype) == "int8" and len(buffer(r).shape) >= 2]
+    acts = [r for r in block.reads if str(buffer(r).dtype) == "uint8"]
+    if len(weights) != 1 or len(acts) != 1 or len(block.writes) != 1:
+        return False
+    w, a, out = weights[0], acts[0], block.writes[0]
+    if [int(getattr(d, "value", -1)) for d in buffer(w).shape[-2:]] != [16, 4]:
+        return False
+    lane, byte = _tile_var(index(w, -2), 16), _tile_var(index(w, -1), 4)
+    if lane is None or byte is None:
+        return False
+    if kinds.get(lane) != tirx.IterVar.DataPar or kinds.get(byte) != tirx.IterVar.CommReduce:
+        return False
+    a_last, out_last = index(a, -1), index(out, -1)
+    return _unit_step(a_last, byte) and _unit_step(out_last, lane)
+
+
+def _tile_var(expr, extent: int):
+    """The iterator ``v`` when ``expr`` is ``v`` or ``v % extent`` (a packed tile dim), else None."""
+    if isinstance(expr, tirx.Var):
+        return expr
+    if isinstance(expr, tirx.FloorMod) and isinstance(expr.a, tirx.Var) and \
+            int(getattr(expr.b, "value", -1)) == extent:
+        return expr.a
+    return None
+
+
+def _unit_step(expr, var) -> bool:
+    """Whether ``expr`` is linear in ``var`` with coefficient 1 (consecutive in memory)."""
+    from tvm.sym import detect_linear_equation  # pylint: disable=import-outside-toplevel
+
+    if expr is None:
+        return False
+    coeffs = detect_linear_equation(expr, [var])
+    return len(coeffs) == 2 and int(getattr(coeffs[0], "value", 0)) == 1
+
+
 def _find_tensorized_block(sch, name: str):
     """The outer (blockized) block that MultiLevelTilingWithIntrin made from ``name``."""
     try:
@@ -267,6 +326,8 @@ class VNNITensorize(PyScheduleRule):
         self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
 
     def apply(self, sch, block):
+        if not operands_packed(sch.get(block)):
+            return [sch]
         try:
             if get_auto_tensorize_mapping_info(sch, block, self._desc) is None:
                 return [sch]
@@ -392,6 +453,7 @@ __all__ = [
     "AVX_VNNI_INTRIN",
     "VNNITensorize",
     "fuse_epilogue",
+    "operands_packed",
     "protect_tensorization",
     "vnni_intrin_name",
     "vnni_rules",

@@ -133,6 +133,28 @@ def test_nhwc_conv_is_left_to_plain_tiling():
     assert all("meta_schedule.tiling_structure" in s.mod.script() for s in sketches)
 
 
+def test_plain_dense_weight_is_left_to_plain_tiling():
+    """A dense over an unpacked [N][K] int8 weight maps onto the 16x4 intrinsic by its
+    iterators, but the weight tile is strided (row stride K): tensorizing it computed
+    wrong sums (15 of 16 outputs, found by the equivalence corpus on a VNNI host). The
+    rule must step aside; the packed layouts of qnn_vnni still qualify."""
+    x = te.placeholder((1, 32), "uint8", name="x")
+    w = te.placeholder((16, 32), "int8", name="w")
+    k = te.reduce_axis((0, 32), name="k")
+    dense = te.compute((1, 16), lambda i, j: te.sum(x[i, k].astype("int32") * w[j, k].astype("int32"), axis=k),
+                       name="dense")
+    mod = tvm.IRModule({"main": te.create_prim_func([x, w, dense])})
+    sch = tvm.s_tir.Schedule(mod)
+    assert not V.operands_packed(sch.get(sch.get_sblock("dense")))
+    target = tvm.target.Target(AVX512)
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=V.vnni_space(target), task_name="plain_dense")
+    sketches = ctx.generate_design_space()
+    assert sketches and all("auto_tensorize" not in s.mod.script() for s in sketches)
+    for make, name in ((Q.conv2d_case, "conv2d_nchwc_int8"), (Q.dense_case, "dense_int8")):
+        packed = tvm.s_tir.Schedule(make().mod)
+        assert V.operands_packed(packed.get(packed.get_sblock(name))), name
+
+
 @pytest.mark.parametrize("make", [Q.conv2d_case, Q.dense_case], ids=["conv", "dense"])
 def test_avx512_vnni_bit_exact_and_vpdpbusd(make):
     case = make()
