@@ -7,6 +7,7 @@ function, the trace and the scheduled module (under $TVM_EXT_EQUIV_DIR).
 """
 import numpy as np
 import pytest
+import tvm
 
 from tvm_ext import equivalence as eq
 from tvm_ext.targets import resolve_target
@@ -31,8 +32,8 @@ def test_shapes_are_drawn_from_the_seed():
     assert a == case.build(np.random.RandomState(1)).script()
 
 
-def _check(case, target, candidates, tmp_path):
-    res = eq.check_case(case, target, candidates=candidates, seed=0, failure_dir=str(tmp_path))
+def _check(case, target, candidates, tmp_path, runner=None):
+    res = eq.check_case(case, target, candidates=candidates, seed=0, failure_dir=str(tmp_path), runner=runner)
     assert res.ok, f"{case.name}: {res.message} (reproduce from {res.failure_file})"
     assert res.candidates >= 1
 
@@ -60,10 +61,31 @@ def test_mismatch_is_saved_for_reproduction(target, tmp_path, monkeypatch):
     assert "q_multiply_shift_per_axis" in text and "T.prim_func" in text and "sch." in text
 
 
+@pytest.fixture(scope="module")
+def runner():
+    with eq.CandidateRunner(timeout=120) as r:
+        yield r
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CORPUS))
-def test_full_corpus(name, target, tmp_path):
-    _check(CORPUS[name], target, 3, tmp_path)
+def test_full_corpus(name, target, tmp_path, runner):
+    _check(CORPUS[name], target, 3, tmp_path, runner)
+
+
+def test_runner_gives_up_on_a_slow_candidate_and_recovers(target):
+    """A candidate over the time limit raises BuildTimeout (the worker is killed); the
+    next one gets a fresh worker and the same outputs as a build in this process."""
+    func = CORPUS["dense_int8"].build(np.random.RandomState(0))
+    mod = tvm.IRModule({"main": func})
+    arrays = eq.random_inputs(func, np.random.RandomState(1), {})
+    with eq.CandidateRunner(timeout=0.01) as runner:  # a worker cannot even import TVM in 10 ms
+        with pytest.raises(eq.BuildTimeout):
+            runner.run(mod, target, arrays)
+        runner.timeout = 120
+        got = runner.run(mod, target, arrays)
+    for g, e in zip(got, eq.run_mod(mod, target, arrays)):
+        np.testing.assert_array_equal(g, e)
 
 
 def test_check_rules_command_writes_json_and_exits_by_result(tmp_path, monkeypatch):
@@ -92,7 +114,7 @@ def test_check_rules_command_writes_json_and_exits_by_result(tmp_path, monkeypat
 
     monkeypatch.setattr(eq, "run_mod", corrupt_candidates)
     bad = tmp_path / "bad.json"
-    assert cli.main(["check-rules", "--cases", "softmax", "--candidates", "1", "--out", str(bad),
+    assert cli.main(["check-rules", "--cases", "softmax", "--candidates", "1", "--out", str(bad), "--build-timeout", "0",
                      "--failure-dir", str(tmp_path)]) == 1
     case = json.loads(bad.read_text())["cases"][0]
     assert not case["ok"] and "max abs error" in case["message"] and case["failure_file"].startswith(str(tmp_path))

@@ -21,7 +21,8 @@ Public API
 Case(name, build, int_ranges=None, rtol=1e-4, atol=1e-4)   build(rng) -> PrimFunc
 corpus(seed=0) -> list[Case]                  the full corpus (>= 30 cases)
 FAST = (...)                                  names of the CI subset
-check_case(case, target, candidates=2, seed=0, context_cache=None, failure_dir=None) -> CaseResult
+check_case(case, target, candidates=2, seed=0, failure_dir=None, runner=None) -> CaseResult
+CandidateRunner(timeout)                      candidates built and run in a worker, time-limited
 run_corpus(cases, target, candidates, seed, failure_dir, progress) -> list[CaseResult]
 """
 from __future__ import annotations
@@ -66,6 +67,7 @@ class CaseResult:
     message: str = ""
     failure_file: Optional[str] = None
     seconds: float = 0.0
+    timeouts: int = 0  # candidates not checked: no build within the runner's time limit
 
 
 # --------------------------------------------------------------------------- corpus
@@ -149,7 +151,10 @@ def _global_pool(rng):
 
 
 def _adaptive_pool(rng):
-    x = te.placeholder((1, 4, _pick(rng, [8, 9, 10]), 8), "float32", name="x")
+    # input sizes divisible by the output's: otherwise topi's pooling windows have a
+    # data-dependent extent and MetaSchedule's DisallowDynamicLoop rejects every
+    # candidate of any rule set (TVM's default one too), leaving nothing to compare
+    x = te.placeholder((1, 4, _pick(rng, [6, 9, 12]), 8), "float32", name="x")
     return _pf([x, topi.nn.adaptive_pool(x, (3, 2), "max", layout="NCHW")])
 
 
@@ -393,6 +398,81 @@ def run_mod(mod: tvm.IRModule, target, arrays: list) -> list:
     return [t.numpy() for t in tensors]
 
 
+class BuildTimeout(Exception):
+    """A candidate did not build and run within the time limit (it was not checked)."""
+
+
+def _worker_main(conn) -> None:  # runs in the spawned worker process
+    import tvm as tvm_  # pylint: disable=import-outside-toplevel,reimported
+
+    while True:
+        job = conn.recv()
+        if job is None:
+            return
+        mod_json, target_spec, arrays = job
+        try:
+            outs = run_mod(tvm_.ir.load_json(mod_json), tvm_.target.Target(target_spec), arrays)
+            conn.send(("ok", outs))
+        except Exception as err:  # noqa: BLE001 -- sent back and raised in the parent
+            conn.send(("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}"))
+
+
+class CandidateRunner:
+    """``run_mod`` in a worker process with a time limit.
+
+    Some valid candidates take LLVM minutes to compile (explicit unroll 512 over a loop
+    nest with a dequantize computed inside: seen at 12 s and at over 5 min on the
+    reduced Phi-2 matmul). MetaSchedule's builder drops those by its timeout; here the
+    worker is killed after ``timeout`` seconds, the candidate is counted as not checked
+    (``BuildTimeout``) and a fresh worker takes the next one. One worker serves all
+    candidates, so TVM is imported once.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._proc = self._conn = None
+
+    def _start(self) -> None:
+        import multiprocessing  # pylint: disable=import-outside-toplevel
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self._proc.start()
+        child.close()
+
+    def run(self, mod: tvm.IRModule, target, arrays: list) -> list:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        self._conn.send((tvm.ir.save_json(mod), dict(target.export()), arrays))
+        if not self._conn.poll(self.timeout):
+            self.close(kill=True)
+            raise BuildTimeout(f"not built and run within {self.timeout:g} s")
+        status, payload = self._conn.recv()
+        if status == "error":
+            raise RuntimeError(payload)
+        return payload
+
+    def close(self, kill: bool = False) -> None:
+        if self._proc is None:
+            return
+        try:
+            if kill:
+                self._proc.kill()
+            else:
+                self._conn.send(None)
+            self._proc.join(5)
+        except (OSError, EOFError, BrokenPipeError):
+            pass
+        self._proc = self._conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def compare(expected: list, got: list, names: list, case: Case) -> Optional[str]:
     """None when equal (exact for integers, tolerance for floats), else a one-line diff."""
     for name, e, g in zip(names, expected, got):
@@ -431,9 +511,13 @@ def _write_failure(failure_dir: str, case: Case, seed: int, func, sch, message: 
 
 
 def check_case(case: Case, target, candidates: int = 2, seed: int = 0, *, space=None,
-               failure_dir: Optional[str] = None) -> CaseResult:
+               failure_dir: Optional[str] = None, runner: Optional[CandidateRunner] = None) -> CaseResult:
     """Sample ``candidates`` schedules of ``case`` from ``tvm_ext.space(target)`` and
-    compare each with the unscheduled function on random inputs."""
+    compare each with the unscheduled function on random inputs.
+
+    ``runner``: build and run the candidates in its worker with a time limit (a candidate
+    over it is counted in ``timeouts``, not checked); None: in this process, no limit.
+    The case is ok when no candidate differs and at least one was compared."""
     import zlib
 
     import tvm_ext
@@ -456,13 +540,20 @@ def check_case(case: Case, target, candidates: int = 2, seed: int = 0, *, space=
             return CaseResult(case.name, False, 0, "no candidate could be sampled",
                               _write_failure(failure_dir, case, seed, func, None, "no candidate sampled", ""),
                               time.time() - start)
+        timeouts = 0
         for sch in schs:
-            got = run_mod(sch.mod, target, arrays)
+            try:
+                got = runner.run(sch.mod, target, arrays) if runner else run_mod(sch.mod, target, arrays)
+            except BuildTimeout:
+                timeouts += 1
+                continue
             diff = compare(expected, got, names, case)
             if diff is not None:
                 path = _write_failure(failure_dir, case, seed, func, sch, diff, "")
-                return CaseResult(case.name, False, len(schs), diff, path, time.time() - start)
-        return CaseResult(case.name, True, len(schs), "", None, time.time() - start)
+                return CaseResult(case.name, False, len(schs) - timeouts, diff, path, time.time() - start, timeouts)
+        checked = len(schs) - timeouts
+        note = f"{timeouts} of {len(schs)} candidates not built within {runner.timeout:g} s" if timeouts else ""
+        return CaseResult(case.name, checked > 0, checked, note, None, time.time() - start, timeouts)
     except Exception as err:  # noqa: BLE001 -- any exception is a failing case, saved
         tb = traceback.format_exc()
         line = (str(err).strip().splitlines() or [repr(err)])[-1][:300]
@@ -471,11 +562,11 @@ def check_case(case: Case, target, candidates: int = 2, seed: int = 0, *, space=
 
 
 def run_corpus(cases: list, target, candidates: int = 2, seed: int = 0, failure_dir: Optional[str] = None,
-               progress: Optional[Callable[[str], None]] = None) -> list:
+               progress: Optional[Callable[[str], None]] = None, runner: Optional[CandidateRunner] = None) -> list:
     """check_case over ``cases``; returns the CaseResults."""
     results = []
     for i, case in enumerate(cases):
-        res = check_case(case, target, candidates, seed, failure_dir=failure_dir)
+        res = check_case(case, target, candidates, seed, failure_dir=failure_dir, runner=runner)
         results.append(res)
         if progress:
             status = "ok" if res.ok else f"FAIL {res.message} -> {res.failure_file}"
@@ -483,4 +574,4 @@ def run_corpus(cases: list, target, candidates: int = 2, seed: int = 0, failure_
     return results
 
 
-__all__ = ["Case", "CaseResult", "FAST", "check_case", "corpus", "random_inputs", "run_corpus"]
+__all__ = ["BuildTimeout", "Case", "CaseResult", "CandidateRunner", "FAST", "check_case", "corpus", "random_inputs", "run_corpus"]

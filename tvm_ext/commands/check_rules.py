@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
                    help="where failing cases are written (default $TVM_EXT_EQUIV_DIR or a temp folder)")
     p.add_argument("--out", metavar="FILE", help="write the JSON result to FILE (rewritten after every case)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--build-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="build and run each candidate in a worker process and give up on it after SECONDS "
+                        "(counted as not checked; some valid candidates take LLVM minutes); 0 = in this "
+                        "process, no limit (default 120)")
     p.add_argument("--list", action="store_true", help="list the corpus and exit")
     p.set_defaults(func=run)
 
@@ -43,12 +47,14 @@ def select_cases(corpus: list, spec: str, fast: tuple) -> list:
 
 
 def document(target, candidates: int, seed: int, results: list, planned: int) -> dict:
-    cases = [{"name": r.name, "ok": r.ok, "candidates": r.candidates, "seconds": round(r.seconds, 2),
-              "message": r.message, "failure_file": r.failure_file} for r in results]
+    cases = [{"name": r.name, "ok": r.ok, "candidates": r.candidates, "timeouts": r.timeouts,
+              "seconds": round(r.seconds, 2), "message": r.message, "failure_file": r.failure_file}
+             for r in results]
     return {"target": str(target), "candidates_per_case": candidates, "seed": seed,
             "total": {"planned": planned, "checked": len(results), "ok": sum(r.ok for r in results),
                       "failed": sum(not r.ok for r in results),
                       "candidates": sum(r.candidates for r in results),
+                      "timeouts": sum(r.timeouts for r in results),
                       "seconds": round(sum(r.seconds for r in results), 1)},
             "cases": cases}
 
@@ -57,10 +63,12 @@ def format_table(doc: dict) -> str:
     lines = [f"check-rules on {doc['target']}: {doc['candidates_per_case']} candidates per case, seed {doc['seed']}",
              f"{'case':34s} {'cand':>4s} {'s':>7s}  result"]
     for c in doc["cases"]:
-        result = "ok" if c["ok"] else f"FAIL {c['message']} -> {c['failure_file']}"
+        result = ("ok" + (f" ({c['message']})" if c["message"] else "")) if c["ok"] else \
+            f"FAIL {c['message']}" + (f" -> {c['failure_file']}" if c["failure_file"] else "")
         lines.append(f"{c['name']:34s} {c['candidates']:4d} {c['seconds']:7.1f}  {result}")
     t = doc["total"]
-    lines.append(f"total: {t['ok']}/{t['checked']} cases equal ({t['candidates']} candidates, {t['seconds']} s)"
+    lines.append(f"total: {t['ok']}/{t['checked']} cases equal ({t['candidates']} candidates compared, "
+                 f"{t['timeouts']} not built in time, {t['seconds']} s)"
                  + (f"; {t['planned'] - t['checked']} not checked" if t["checked"] < t["planned"] else ""))
     return "\n".join(lines)
 
@@ -78,6 +86,8 @@ def run(args) -> int:
         return 0
     if args.candidates < 1:
         raise ValueError("--candidates must be at least 1")
+    if args.build_timeout < 0:
+        raise ValueError("--build-timeout must be 0 (no limit) or more")
     cases = select_cases(corpus, args.cases, eq.FAST)
     target = resolve_target(args.target)
     if str(target.kind.name) != "llvm":
@@ -91,14 +101,18 @@ def run(args) -> int:
                 f.write("\n")
 
     log(f"checking {len(cases)} cases, {args.candidates} candidates each, on {target}")
+    runner = eq.CandidateRunner(args.build_timeout) if args.build_timeout else None
     try:
         for i, case in enumerate(cases):
-            r = eq.check_case(case, target, args.candidates, args.seed, failure_dir=args.failure_dir)
+            r = eq.check_case(case, target, args.candidates, args.seed, failure_dir=args.failure_dir, runner=runner)
             results.append(r)
             log(f"[{i + 1}/{len(cases)}] {r.name}: {r.candidates} candidates, {r.seconds:.1f} s, "
-                + ("ok" if r.ok else f"FAIL {r.message} -> {r.failure_file}"))
+                + ("ok" if r.ok else "FAIL") + (f" {r.message}" if r.message else "")
+                + (f" -> {r.failure_file}" if r.failure_file else ""))
             write(document(target, args.candidates, args.seed, results, len(cases)))
     finally:
+        if runner:
+            runner.close()
         doc = document(target, args.candidates, args.seed, results, len(cases))
         write(doc)
         print(json.dumps(doc) if args.json else format_table(doc))
