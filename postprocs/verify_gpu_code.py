@@ -5,8 +5,9 @@ TVM's GPU build lowers it -- including ``LowerIntrin``, which expands
 ``q_multiply_shift`` / ``q_multiply_shift_per_axis`` into int64 arithmetic -- and
 then checked for: threads per block, shared memory per block, virtual threads,
 thread-extent annotations of MetaSchedule, and the byte width of every vector it
-finds in loads, stores *and Cast nodes*, and broadcasts of narrow integers with more
-than 4 lanes (TVM 0.27's CUDA codegen emits them in a form nvcc rejects). A requantize loop vectorized by 4 casts to
+finds in loads, stores *and Cast nodes*, broadcasts wider than 16 bytes (the index
+vectors of gathers) and broadcasts of narrow integers with more than 4 lanes (TVM
+0.27's CUDA codegen emits both in a form nvcc rejects). A requantize loop vectorized by 4 casts to
 ``int64x4`` (32 bytes) after lowering; a check that looks only at loads and stores
 accepts it and the candidate then fails in codegen.
 
@@ -207,6 +208,13 @@ def check_lowered(func: tirx.PrimFunc, limits: dict) -> tuple[str, str] | None:
                 return VECTOR_CAST, f"vector cast {cast.value.ty} -> {cast.ty}: {ty} is {dtype_bytes(ty)} bytes > {MAX_VECTOR_BYTES}"
     for broadcast in collect(func.body, tirx.Broadcast):
         dt = tvm.DataType(str(broadcast.ty))
+        if dt.lanes > 1 and dtype_bytes(broadcast.ty) > MAX_VECTOR_BYTES:
+            # e.g. the int32x8 index vector of a gather vectorized by 8: codegen writes
+            # make_longlong4 with 8 arguments ("too many arguments" in nvcc); found by
+            # verify-gpu on phi2-prefill attn_value, accepted by TVM's built-in too
+            return VECTOR_BROADCAST, (f"broadcast {broadcast.ty}: {dtype_bytes(broadcast.ty)} bytes > "
+                                      f"{MAX_VECTOR_BYTES}; TVM's CUDA codegen writes it as make_longlong4 "
+                                      f"with one argument per lane, which nvcc rejects")
         if dt.type_code in (0, 1) and dt.bits <= 16 and dt.lanes > MAX_NARROW_INT_BROADCAST_LANES:
             return VECTOR_BROADCAST, (f"broadcast {broadcast.ty}: TVM's CUDA codegen writes it as "
                                       f"make_uintN with one argument per lane, which nvcc rejects")

@@ -46,6 +46,12 @@ def test_verify_gpu_conv2d_int8(tmp_path, capsys):
     assert 0 <= doc["total"]["agree_with_builtin"] <= doc["total"]["samples"]
     assert set(task["timing"]["per_candidate"]) == {"sample", "verify_ours", "verify_builtin", "codegen"}
     assert doc["nvcc"]["done"] == doc["nvcc"]["distinct_sources"] <= doc["total"]["samples"]
+    # runs are added to the committed (merged) document; a task twice is refused
+    merged = verify_gpu.merge([doc])
+    assert merged["tasks"][0]["workload"] == "conv2d-int8" and merged["total"] == doc["total"]
+    assert verify_gpu.merge([merged])["total"] == doc["total"]
+    with pytest.raises(ValueError, match="more than one document"):
+        verify_gpu.merge([merged, doc])
     if doc["total"]["accepted_fails"]:
         errors = [e["nvcc"] for e in task["examples"]["accepted_fails"]]
         assert rc == 1

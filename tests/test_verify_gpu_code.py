@@ -89,6 +89,24 @@ def test_int32x8_copy_is_rejected_on_the_load():
     assert reason.startswith("vector_width") and "32 bytes" in message
 
 
+def test_int32x8_index_broadcast_of_a_gather_is_rejected():
+    """b[i, j] = a[i, j % 2 * 3] in fp16, vectorized by 8: loads and stores are 16 bytes,
+    but the index vector is int32x8 and its broadcast constant is emitted as
+    make_longlong4(2, 2, 2, 2, 2, 2, 2, 2): nvcc fails, TVM's built-in accepts it
+    (verify-gpu found it on phi2-prefill's attn_value)."""
+    a = te.placeholder((64, 256), "float16", name="a")
+    b = te.compute((64, 256), lambda i, j: a[i, j % 2 * 3], name="b")
+    sch = Schedule(te.create_prim_func([a, b]))
+    i, j = sch.get_loops(sch.get_sblock("b"))
+    bx, tx, v = sch.split(sch.fuse(i, j), [None, 128, 8])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+    reason, message = ours(sch)
+    assert reason == "vector_width:broadcast" and "int32x8" in message and "32 bytes" in message
+    assert builtin_accepts(sch, cuda_target())  # the built-in's blind spot
+
+
 def test_too_many_threads_is_rejected():
     reason, message = ours(int32_copy(vec=1, threads=2048))
     assert reason == "threads_per_block" and "2048" in message

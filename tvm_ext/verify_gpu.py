@@ -382,21 +382,31 @@ def _total(results: list) -> dict:
 
 
 def merge(docs: list) -> dict:
-    """One document over several workloads' runs (for tuning_logs/verify-gpu.json)."""
+    """One document over several workloads' runs (for tuning_logs/verify-gpu.json).
+
+    A document may itself be merged (the committed file), so runs can be added to it;
+    a task checked twice (same workload and name) is an error, not double-counted."""
     if not docs:
         raise ValueError("nothing to merge")
     arch = {d["arch"] for d in docs}
     if len(arch) != 1:
         raise ValueError(f"runs for different archs: {sorted(arch)}")
-    tasks = []
+    tasks, workloads = [], []
     for d in docs:
-        for t in d["tasks"]:
-            tasks.append({"workload": d["workload"], **t})
+        if "workloads" in d:  # already merged
+            tasks.extend(d["tasks"])
+            workloads.extend(d["workloads"])
+            continue
+        tasks.extend({"workload": d["workload"], **t} for t in d["tasks"])
+        workloads.append({k: d[k] for k in ("workload", "tasks_total", "tasks_checked", "options", "seconds")})
+    seen = Counter((t["workload"], t["task"]) for t in tasks)
+    twice = [f"{w}:{n}" for (w, n), c in seen.items() if c > 1]
+    if twice:
+        raise ValueError(f"tasks in more than one document: {', '.join(twice)}")
     return {
         "arch": docs[0]["arch"],
         "samples_per_task": min(d["samples_per_task"] for d in docs),
-        "workloads": [{k: d[k] for k in ("workload", "tasks_total", "tasks_checked", "options", "seconds")}
-                      for d in docs],
+        "workloads": workloads,
         "total": _total(tasks),
         "tasks": tasks,
         "reason_notes": {r: REASON_NOTES.get(r, "") for r in _total(tasks)["reasons"]},
