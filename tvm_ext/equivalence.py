@@ -23,7 +23,7 @@ corpus(seed=0) -> list[Case]                  the full corpus (>= 30 cases)
 FAST = (...)                                  names of the CI subset
 check_case(case, target, candidates=2, seed=0, failure_dir=None, runner=None) -> CaseResult
 CandidateRunner(timeout)                      candidates built and run in a worker, time-limited
-run_corpus(cases, target, candidates, seed, failure_dir, progress) -> list[CaseResult]
+run_corpus(cases, target, candidates, seed, failure_dir, progress, runner, on_result) -> list[CaseResult]
 """
 from __future__ import annotations
 
@@ -561,17 +561,25 @@ def check_case(case: Case, target, candidates: int = 2, seed: int = 0, *, space=
         return CaseResult(case.name, False, 0, f"exception: {line}", path, time.time() - start)
 
 
+def describe(res: CaseResult) -> str:
+    """One progress line for a checked case."""
+    return (f"{res.name}: {res.candidates} candidates, {res.seconds:.1f} s, " + ("ok" if res.ok else "FAIL")
+            + (f" {res.message}" if res.message else "") + (f" -> {res.failure_file}" if res.failure_file else ""))
+
+
 def run_corpus(cases: list, target, candidates: int = 2, seed: int = 0, failure_dir: Optional[str] = None,
-               progress: Optional[Callable[[str], None]] = None, runner: Optional[CandidateRunner] = None) -> list:
-    """check_case over ``cases``; returns the CaseResults."""
+               progress: Optional[Callable[[str], None]] = None, runner: Optional[CandidateRunner] = None,
+               on_result: Optional[Callable[[list], None]] = None) -> list:
+    """check_case over ``cases``; returns the CaseResults. ``on_result`` gets the results so
+    far after every case (to save them as they come)."""
     results = []
     for i, case in enumerate(cases):
-        res = check_case(case, target, candidates, seed, failure_dir=failure_dir, runner=runner)
-        results.append(res)
+        results.append(check_case(case, target, candidates, seed, failure_dir=failure_dir, runner=runner))
         if progress:
-            status = "ok" if res.ok else f"FAIL {res.message} -> {res.failure_file}"
-            progress(f"[{i + 1}/{len(cases)}] {case.name}: {res.candidates} candidates, {res.seconds:.1f} s, {status}")
+            progress(f"[{i + 1}/{len(cases)}] " + describe(results[-1]))
+        if on_result:
+            on_result(results)
     return results
 
 
-__all__ = ["BuildTimeout", "Case", "CaseResult", "CandidateRunner", "FAST", "check_case", "corpus", "random_inputs", "run_corpus"]
+__all__ = ["BuildTimeout", "Case", "CaseResult", "CandidateRunner", "FAST", "check_case", "corpus", "describe", "random_inputs", "run_corpus"]

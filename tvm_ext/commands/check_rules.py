@@ -94,26 +94,21 @@ def run(args) -> int:
         raise ValueError(f"check-rules runs the kernels here: it needs an llvm target, not {target.kind.name}")
     results = []
 
-    def write(doc):
+    def write(done):
+        results[:] = done
         if args.out:
             with open(args.out, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1)
+                json.dump(document(target, args.candidates, args.seed, done, len(cases)), f, indent=1)
                 f.write("\n")
 
     log(f"checking {len(cases)} cases, {args.candidates} candidates each, on {target}")
     runner = eq.CandidateRunner(args.build_timeout) if args.build_timeout else None
     try:
-        for i, case in enumerate(cases):
-            r = eq.check_case(case, target, args.candidates, args.seed, failure_dir=args.failure_dir, runner=runner)
-            results.append(r)
-            log(f"[{i + 1}/{len(cases)}] {r.name}: {r.candidates} candidates, {r.seconds:.1f} s, "
-                + ("ok" if r.ok else "FAIL") + (f" {r.message}" if r.message else "")
-                + (f" -> {r.failure_file}" if r.failure_file else ""))
-            write(document(target, args.candidates, args.seed, results, len(cases)))
+        eq.run_corpus(cases, target, args.candidates, args.seed, args.failure_dir, progress=log, runner=runner,
+                      on_result=write)
     finally:
         if runner:
             runner.close()
         doc = document(target, args.candidates, args.seed, results, len(cases))
-        write(doc)
         print(json.dumps(doc) if args.json else format_table(doc))
     return 0 if doc["total"]["failed"] == 0 else 1
