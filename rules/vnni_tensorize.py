@@ -199,15 +199,12 @@ def operands_packed(block) -> bool:
         rng = region.region[dim]
         return rng.min if int(getattr(rng.extent, "value", -1)) == 1 else None
 
-    def buffer(region):  # TVM 0.27: TensorRegion.source; earlier: BufferRegion.buffer
-        return region.source if hasattr(region, "source") else region.buffer
-
-    weights = [r for r in block.reads if str(buffer(r).dtype) == "int8" and len(buffer(r).shape) >= 2]
-    acts = [r for r in block.reads if str(buffer(r).dtype) == "uint8"]
+    weights = [r for r in block.reads if str(r.source.dtype) == "int8" and len(r.source.shape) >= 2]
+    acts = [r for r in block.reads if str(r.source.dtype) == "uint8"]
     if len(weights) != 1 or len(acts) != 1 or len(block.writes) != 1:
         return False
     w, a, out = weights[0], acts[0], block.writes[0]
-    if [int(getattr(d, "value", -1)) for d in buffer(w).shape[-2:]] != [16, 4]:
+    if [int(getattr(d, "value", -1)) for d in w.source.shape[-2:]] != [16, 4]:
         return False
     lane, byte = _tile_var(index(w, -2), 16), _tile_var(index(w, -1), 4)
     if lane is None or byte is None:

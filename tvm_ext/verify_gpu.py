@@ -403,13 +403,14 @@ def merge(docs: list) -> dict:
     twice = [f"{w}:{n}" for (w, n), c in seen.items() if c > 1]
     if twice:
         raise ValueError(f"tasks in more than one document: {', '.join(twice)}")
+    total = _total(tasks)
     return {
         "arch": docs[0]["arch"],
         "samples_per_task": min(d["samples_per_task"] for d in docs),
         "workloads": workloads,
-        "total": _total(tasks),
+        "total": total,
         "tasks": tasks,
-        "reason_notes": {r: REASON_NOTES.get(r, "") for r in _total(tasks)["reasons"]},
+        "reason_notes": {r: REASON_NOTES.get(r, "") for r in total["reasons"]},
     }
 
 
