@@ -6,6 +6,7 @@ import pytest
 
 from tvm_ext import verify_gpu
 from tvm_ext.cli import main
+from tvm_ext.targets import cuda_target
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -59,6 +60,36 @@ def test_verify_gpu_conv2d_int8(tmp_path, capsys):
             pytest.xfail(f"known TVM codegen bug (int8 broadcast > 4 lanes) accepted: {errors[0]}")
         pytest.fail(f"accepted but nvcc fails: {errors}")
     assert rc == 0
+
+
+@needs_nvcc
+def test_out_is_kept_per_task_and_resume_runs_only_the_missing_tasks(tmp_path, monkeypatch):
+    """--out holds every finished task; --resume keeps them and runs the rest; task i
+    samples with seed + i whichever tasks are selected, so the candidates are the same."""
+    (name, weight, mod), = verify_gpu.workload_tasks("conv2d-int8", cuda_target("sm_80"), image=8)
+    monkeypatch.setattr(verify_gpu, "workload_tasks", lambda *a, **k: [("a", weight, mod), ("b", weight, mod)])
+    out, fresh, cache = tmp_path / "run.json", tmp_path / "fresh.json", str(tmp_path / "nvcc")
+    opts = {"samples": 3, "nvcc_cache": cache}
+
+    only_b = verify_gpu.run("conv2d-int8", tasks="1,", out=str(out), progress=None, **opts)
+    assert json.loads(out.read_text()) == only_b
+    assert only_b["complete"] and [t["task"] for t in only_b["tasks"]] == ["b"]
+    assert only_b["tasks"][0]["seed"] == 1
+
+    lines = []
+    resumed = verify_gpu.run("conv2d-int8", out=str(out), resume=True, progress=lines.append, **opts)
+    assert "1 resumed" in lines[0] and not any(ln.startswith("[") and " b" in ln for ln in lines)
+    assert [t["task"] for t in resumed["tasks"]] == ["a", "b"] and resumed["complete"]
+    assert resumed["tasks"][1] == only_b["tasks"][0]  # taken from the file, not rerun
+    assert resumed["total"]["samples"] == 6 and json.loads(out.read_text()) == resumed
+
+    def verdicts(task):
+        return {k: v for k, v in task.items() if k not in ("timing", "seconds")}
+    whole = verify_gpu.run("conv2d-int8", out=str(fresh), progress=None, **opts)
+    assert [verdicts(t) for t in whole["tasks"]] == [verdicts(t) for t in resumed["tasks"]]
+
+    with pytest.raises(ValueError, match="other settings"):
+        verify_gpu.run("conv2d-int8", out=str(out), resume=True, progress=None, samples=4, nvcc_cache=cache)
 
 
 @needs_nvcc

@@ -425,9 +425,11 @@ class CompilePool:
         return (f"nvcc {s['done']}/{s['distinct_sources']} sources done, {s['runs']} runs "
                 f"({s['batch_runs']} batched), {s['nvcc_seconds']:.0f} s in nvcc")
 
-    def wait(self, progress: Optional[Callable[[str], None]] = None, every: float = 30.0) -> None:
-        """Block until every submitted source is compiled, reporting every ``every`` s."""
-        futures = list(self.cache.values())
+    def wait(self, progress: Optional[Callable[[str], None]] = None, every: float = 30.0,
+             futures: Optional[list] = None) -> None:
+        """Block until every submitted source (or every one of ``futures``) is compiled,
+        reporting every ``every`` s."""
+        futures = list(self.cache.values()) if futures is None else list(futures)
         last = time.time()
         for fut in futures:
             while not fut.done():

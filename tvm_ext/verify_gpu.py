@@ -21,14 +21,16 @@ Public API
 ----------
 WORKLOADS                                       names verify-gpu accepts
 workload_tasks(name, target, **options) -> list[(task_name, weight, IRModule)]
-select_tasks(tasks, spec) -> list               "all", "N" (N spread over the list) or "i,j,k"
+select_tasks(tasks, spec) -> list               "all", "N" (N spread over the list) or "i,j,k" / names
 verify_task(name, mod, target, samples, ...) -> TaskRun   (call .result() for the dict)
-run(workload, samples=100, arch="sm_80", ...) -> dict     the JSON document
+run(workload, samples=100, arch="sm_80", ...) -> dict     the JSON document (out=: written per task)
 format_table(doc) -> str                                  the text table
 REASON_NOTES                                    why each rejection reason is (or is not) a run-time failure
 """
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 import traceback
@@ -96,14 +98,14 @@ def workload_tasks(name: str, target, **options) -> list:
 
 def select_tasks(tasks: list, spec: Optional[str]) -> list:
     """Pick tasks: None/"all" -> all; "N" -> N spread evenly over the list (first and
-    last included); "i,j,k" -> those indices; names (comma-separated) also work."""
+    last included); "i,j,k" -> those indices ("i," for one); names (comma-separated) also work."""
     if spec in (None, "", "all"):
         return list(tasks)
     spec = str(spec)
     if spec.isdigit():
         k = int(spec)
         if k <= 0:
-            raise ValueError("--tasks N needs N >= 1")
+            raise ValueError("--tasks N (a count) needs N >= 1; for task index 0 alone write '0,' or its name")
         if k >= len(tasks):
             return list(tasks)
         if k == 1:
@@ -155,10 +157,19 @@ class TaskRun:
     def __init__(self, name: str, weight: int) -> None:
         self.name = name
         self.weight = weight
+        self.seed: Optional[int] = None
         self.records: list = []  # dicts: ours, reason, message, builtin, future | (ok, err)
         self.seconds = 0.0
         self.sampling: dict = {}
         self.timing = Stopwatch()
+
+    def futures(self) -> list:
+        """nvcc's Futures for this task's candidates (codegen failures have none)."""
+        return [rec["nvcc"] for rec in self.records if hasattr(rec["nvcc"], "done")]
+
+    def finished(self) -> bool:
+        """Whether nvcc has answered for every candidate (result() will not wait)."""
+        return all(f.done() for f in self.futures())
 
     def result(self) -> dict:
         """Wait for nvcc and tally this task's cells (see module doc)."""
@@ -197,6 +208,7 @@ class TaskRun:
         return {
             "task": self.name,
             "weight": self.weight,
+            "seed": self.seed,
             "samples": n,
             **{c: cells[c] for c in CELLS},
             "agree_with_builtin": agree,
@@ -266,6 +278,7 @@ def verify_task(name: str, weight: int, mod, target, samples: int, *, pool, seed
 
     start = time.time()
     run = TaskRun(name, weight)
+    run.seed = seed
     clock = run.timing
     space = tvm_ext.space(target, ruleset)
     ctx = context or tune_context(mod, target, space, name)
@@ -303,12 +316,18 @@ def verify_task(name: str, weight: int, mod, target, samples: int, *, pool, seed
 def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Optional[str] = None,
         seed: int = 0, jobs: Optional[int] = None, image: Optional[int] = None,
         config: Optional[str] = None, batch: int = DEFAULT_BATCH, nvcc_cache: Optional[str] = None,
+        out: Optional[str] = None, resume: bool = False,
         progress: Optional[Callable[[str], None]] = _progress_to_stderr) -> dict:
     """verify-gpu over the (selected) tasks of ``workload``; returns the JSON document.
 
     ``batch``: sources per nvcc run at most (1: one run per candidate; the outcomes
     are the same).  ``nvcc_cache``: a folder where nvcc outcomes are kept by source,
-    so that a rerun or a resumed run does not compile a source twice.
+    so that a rerun does not compile a source twice.  ``out``: the document is
+    (re)written there, atomically, each time a task's nvcc results are all in
+    (``"complete": false`` until the last), so an interrupted run keeps its finished
+    tasks; ``resume`` takes those from ``out`` and runs only the others.  Task ``i``
+    of the workload samples with seed ``seed + i`` whatever is selected, so a task
+    gets the same candidates in a full, a partial and a resumed run.
     """
     from tvm_ext.nvcc import CompilePool, nvcc_path
     from tvm_ext.targets import cuda_target
@@ -324,39 +343,90 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
     start = time.time()
     all_tasks = workload_tasks(workload, target, image=image, config=config)
     chosen = select_tasks(all_tasks, tasks)
-    progress(f"verify-gpu {workload}: {len(chosen)} of {len(all_tasks)} tasks, {samples} samples each, {arch}")
-    runs = []
-    with CompilePool(arch, jobs, batch=batch, cache_dir=nvcc_cache) as pool:
-        for k, (name, weight, mod) in enumerate(chosen):
-            progress(f"[{k + 1}/{len(chosen)}] {name}")
-            try:
-                runs.append(verify_task(name, weight, mod, target, samples, pool=pool,
-                                        seed=seed + k, progress=progress))
-            except Exception as err:  # noqa: BLE001 -- report the task, keep going
-                progress(f"  {name}: sampling failed: {err}\n{traceback.format_exc(limit=3)}")
-        progress(f"waiting for nvcc ({len(pool.cache)} distinct sources)...")
-        pool.wait(progress)
-        results = []
-        for r in runs:
-            results.append(r.result())
-            res = results[-1]
-            progress(f"  {r.name}: " + ", ".join(f"{c}={res[c]}" for c in CELLS)
-                     + f", agree={res['agree_with_builtin']}/{res['samples']}")
-    total = _total(results)
-    return {
+    head = {
         "workload": workload,
         "arch": arch,
         "samples_per_task": samples,
         "seed": seed,
         "tasks_total": len(all_tasks),
-        "tasks_checked": len(results),
         "options": {k: v for k, v in {"image": image, "config": config, "tasks": tasks}.items() if v is not None},
-        "total": total,
-        "tasks": results,
-        "reason_notes": {r: REASON_NOTES.get(r, "") for r in total["reasons"]},
-        "nvcc": {"batch": batch, **pool.summary()},
-        "seconds": round(time.time() - start, 1),
     }
+    results = _resumed(out, head) if resume else {}
+    index = {name: i for i, (name, _w, _m) in enumerate(all_tasks)}
+    todo = [t for t in chosen if t[0] not in results]
+    progress(f"verify-gpu {workload}: {len(chosen)} of {len(all_tasks)} tasks"
+             + (f" ({len(chosen) - len(todo)} resumed from {out})" if len(todo) < len(chosen) else "")
+             + f", {samples} samples each, {arch}")
+
+    def document(pool, complete: bool) -> dict:
+        done = [results[name] for name, _w, _m in chosen if name in results]
+        total = _total(done)
+        return {
+            **head,
+            "tasks_checked": len(done),
+            "complete": complete,
+            "total": total,
+            "tasks": done,
+            "reason_notes": {r: REASON_NOTES.get(r, "") for r in total["reasons"]},
+            "nvcc": {"batch": batch, **pool.summary()},
+            "seconds": round(time.time() - start, 1),
+        }
+
+    def collect(pending: list, pool) -> None:
+        """Tally (and write) the tasks whose nvcc results are all in."""
+        for r in [r for r in pending if r.finished()]:
+            pending.remove(r)
+            res = results[r.name] = r.result()
+            progress(f"  {r.name}: " + ", ".join(f"{c}={res[c]}" for c in CELLS)
+                     + f", agree={res['agree_with_builtin']}/{res['samples']}")
+            if out:
+                write_json(out, document(pool, complete=False))
+
+    pending: list = []
+    with CompilePool(arch, jobs, batch=batch, cache_dir=nvcc_cache) as pool:
+        for k, (name, weight, mod) in enumerate(todo):
+            progress(f"[{k + 1}/{len(todo)}] {name}")
+            try:
+                pending.append(verify_task(name, weight, mod, target, samples, pool=pool,
+                                           seed=seed + index[name], progress=progress))
+            except Exception as err:  # noqa: BLE001 -- report the task, keep going
+                progress(f"  {name}: sampling failed: {err}\n{traceback.format_exc(limit=3)}")
+            collect(pending, pool)
+        if pending:
+            progress(f"waiting for nvcc ({len(pool.cache)} distinct sources)...")
+        while pending:
+            pool.wait(progress, futures=pending[0].futures())
+            collect(pending, pool)
+        doc = document(pool, complete=len(results) == len(chosen))
+    if out:
+        write_json(out, doc)
+    return doc
+
+
+def _resumed(out: Optional[str], head: dict) -> dict:
+    """Finished tasks (by name) of an earlier run of the same settings written to ``out``."""
+    if not out or not os.path.exists(out):
+        return {}
+    with open(out, encoding="utf-8") as f:
+        prev = json.load(f)
+    same = ("workload", "arch", "samples_per_task", "seed")
+    differ = [k for k in same if prev.get(k) != head[k]]
+    for k in ("image", "config"):
+        if prev.get("options", {}).get(k) != head["options"].get(k):
+            differ.append(k)
+    if differ:
+        raise ValueError(f"--resume: {out} is a run with other settings ({', '.join(differ)}); "
+                         "choose another --out or the same settings")
+    return {t["task"]: t for t in prev["tasks"]}
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Write ``doc`` to ``path`` atomically (a kill never leaves half a file)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 def _total(results: list) -> dict:

@@ -13,9 +13,14 @@ def add_parser(sub) -> None:
     p.add_argument("--samples", type=int, default=100, help="candidates per task (default 100)")
     p.add_argument("--arch", default="sm_80", choices=("sm_75", "sm_80", "sm_90"), help="nvcc arch (default sm_80)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
+    p.add_argument("--out", metavar="FILE",
+                   help="also write the JSON result to FILE, rewritten as each task finishes "
+                        "(\"complete\": false until the last), so an interrupted run keeps its finished tasks")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the tasks already in --out FILE (same workload, arch, samples, seed) and run the rest")
     p.add_argument("--tasks", metavar="SPEC",
-                   help="which tasks: all (default), N (N spread over the task list), or indices/names, comma-separated")
+                   help="which tasks: all (default); N alone = N tasks spread over the list; or indices "
+                        "and/or names, comma-separated (one index alone: 'I,', e.g. '0,')")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--jobs", type=int, default=None, help="nvcc processes at once (default: usable CPUs)")
     p.add_argument("--batch", type=int, default=16,
@@ -36,12 +41,8 @@ def run(args) -> int:
 
     doc = verify_gpu.run(args.workload, samples=args.samples, arch=args.arch, tasks=args.tasks,
                          seed=args.seed, jobs=args.jobs, image=args.image, config=args.config,
-                         batch=args.batch, nvcc_cache=args.nvcc_cache,
+                         batch=args.batch, nvcc_cache=args.nvcc_cache, out=args.out, resume=args.resume,
                          progress=None if args.quiet else verify_gpu._progress_to_stderr)  # pylint: disable=protected-access
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
     if args.json:
         print(json.dumps(doc))
     else:
