@@ -64,6 +64,9 @@ REASON_NOTES = {
 RUNTIME_REASONS = ("threads_per_block", "shared_memory")
 POLICY_REASONS = ("vthread", "thread_extent_annotation")
 MAX_EXAMPLES = 5
+# Tasks sampled but not yet through nvcc: enough to keep nvcc busy while the next
+# task samples; few enough that tasks finish (and are written to --out) in order.
+MAX_PENDING_TASKS = 2
 
 
 def _progress_to_stderr(msg: str) -> None:
@@ -385,6 +388,9 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
     pending: list = []
     with CompilePool(arch, jobs, batch=batch, cache_dir=nvcc_cache) as pool:
         for k, (name, weight, mod) in enumerate(todo):
+            while len(pending) >= MAX_PENDING_TASKS:  # sample ahead, but finish tasks in order
+                pool.wait(progress, futures=pending[0].futures())
+                collect(pending, pool)
             progress(f"[{k + 1}/{len(todo)}] {name}")
             try:
                 pending.append(verify_task(name, weight, mod, target, samples, pool=pool,
