@@ -7,7 +7,9 @@ then checked for: threads per block, shared memory per block, virtual threads,
 thread-extent annotations of MetaSchedule, and the byte width of every vector it
 finds in loads, stores *and Cast nodes*, broadcasts wider than 16 bytes (the index
 vectors of gathers) and broadcasts of narrow integers with more than 4 lanes (TVM
-0.27's CUDA codegen emits both in a form nvcc rejects). A requantize loop vectorized by 4 casts to
+0.27's CUDA codegen emits both in a form nvcc rejects). Last, the candidate must pass the
+lowering ``tvm.compile`` itself runs, which has passes the short pipeline lacks
+(``check_build_pipeline``). A requantize loop vectorized by 4 casts to
 ``int64x4`` (32 bytes) after lowering; a check that looks only at loads and stores
 accepts it and the candidate then fails in codegen.
 
@@ -51,6 +53,7 @@ VECTOR_BROADCAST = "vector_width:broadcast"
 MAX_NARROW_INT_BROADCAST_LANES = 4
 THREAD_ANNOTATION = "thread_extent_annotation"
 LOWERING = "lowering_failed"
+BUILD_PIPELINE = "build_pipeline_failed"
 
 
 def lowering_passes() -> list:
@@ -90,6 +93,34 @@ def lower_for_gpu(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> 
     with tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential(lowering_passes())(mod)
     return mod[name]
+
+
+def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target):
+    """Run the lowering ``tvm.compile`` runs for ``target`` (TVM's own default TIR
+    pipeline, host/device split and device finalisation; everything but code
+    generation); returns (reason, message) if it raises, else None.
+
+    The checks above look at a shorter pipeline (the built-in's).  Passes it leaves out
+    can fail on their own: with ``pragma_unroll_explicit`` UnrollLoop copies a
+    cross-thread reduction inside a serial loop, and LowerThreadAllreduce then meets
+    its buffer twice ("load_remap_"); verify-gpu found such candidates of resnet50's
+    global_avg_pool accepted by both postprocs.
+    """
+    from tvm.tirx.build import split_host_device_mods
+
+    func = func.with_attr("global_symbol", name).with_attr("tirx.noalias", True)
+    host = tvm.target.Target("llvm" if tvm.runtime.enabled("llvm") else "c")
+    try:
+        with tvm.transform.PassContext(opt_level=3):
+            mod = ttx.BindTarget(target.with_host(host))(tvm.IRModule({name: func}))
+            pipeline, _host_passes, device_passes = tvm.tirx.get_default_tir_pipeline(target)
+            _host_mod, device_mods = split_host_device_mods(pipeline(mod))
+            for device_mod in device_mods.values():
+                device_passes()(device_mod)
+    except Exception as err:  # noqa: BLE001 -- tvm.compile would raise the same
+        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+        return BUILD_PIPELINE, (lines[-1] if lines else repr(err))[:200]
+    return None
 
 
 def target_limits(target: tvm.target.Target) -> dict:
@@ -263,7 +294,7 @@ def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict):
             lowered = lower_for_gpu(func, name, target)
         except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
             return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
-        verdict = check_lowered(lowered, limits)
+        verdict = check_lowered(lowered, limits) or check_build_pipeline(func, name, target)
         if verdict is not None:
             return verdict
     return None

@@ -107,6 +107,46 @@ def test_int32x8_index_broadcast_of_a_gather_is_rejected():
     assert builtin_accepts(sch, cuda_target())  # the built-in's blind spot
 
 
+def pooled_sum_with_cross_thread_reduction(unroll_explicit):
+    """s[c] = sum over 49 rows of a[r, c] into shared memory, reduced across 16 threads
+    inside a serial loop over 16 channels (the CrossThreadReduction shape of resnet50's
+    global_avg_pool), then a uint8 average; optionally unrolled explicitly."""
+    a = te.placeholder((49, 256), "uint8", name="a")
+    r = te.reduce_axis((0, 49), "r")
+    s = te.compute((256,), lambda c: te.sum(a[r, c].astype("int32"), axis=r), name="s")
+    avg = te.compute((256,), lambda c: ((s[c] + 24) // 49).astype("uint8"), name="avg")
+    sch = Schedule(te.create_prim_func([a, avg]))
+    (c,) = sch.get_loops(sch.get_sblock("avg"))
+    bx, tx = sch.split(c, [None, 16])
+    sch.bind(tx, "threadIdx.x")
+    sch.compute_at(sch.get_sblock("s"), bx)
+    sch.set_scope(sch.get_sblock("s"), 0, "shared")
+    _, rt = sch.split(sch.get_loops(sch.get_sblock("s"))[-1], [None, 16])
+    sch.bind(rt, "threadIdx.x")
+    sch.bind(bx, "blockIdx.x")
+    if unroll_explicit:
+        sch.annotate(bx, "pragma_auto_unroll_max_step", 256)
+        sch.annotate(bx, "pragma_unroll_explicit", 1)
+    return sch
+
+
+def test_cross_thread_reduction_unrolled_explicitly_is_rejected_by_the_build_pipeline():
+    """UnrollLoop (in tvm.compile's pipeline, not in the built-in's) copies the allreduce
+    16 times and LowerThreadAllreduce fails on the repeated buffer; both postprocs'
+    short pipelines accept it (verify-gpu found 17 of 100 global_avg_pool candidates)."""
+    from tvm_ext.candidates import cuda_source
+
+    target = cuda_target()
+    bad = pooled_sum_with_cross_thread_reduction(unroll_explicit=True)
+    reason, message = ours(bad)
+    assert reason == "build_pipeline_failed" and "load_remap_" in message
+    assert builtin_accepts(bad, target)  # the built-in's blind spot
+    with pytest.raises(Exception, match="load_remap_"):
+        cuda_source(bad, target)
+    good = pooled_sum_with_cross_thread_reduction(unroll_explicit=False)
+    assert ours(good) is None and "__global__" in cuda_source(good, target)
+
+
 def test_too_many_threads_is_rejected():
     reason, message = ours(int32_copy(vec=1, threads=2048))
     assert reason == "threads_per_block" and "2048" in message
