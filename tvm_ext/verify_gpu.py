@@ -59,7 +59,11 @@ REASON_NOTES = {
     "vector_width:store": "codegen: vectors over 16 bytes have no CUDA type",
     "vector_width:cast": "codegen: vectors over 16 bytes have no CUDA type (e.g. int64x4 from "
                          "q_multiply_shift after LowerIntrin)",
+    "vector_width:broadcast": "codegen: a broadcast over 16 bytes, or of 8/16-bit integers over 4 lanes, "
+                              "is written as make_*4 with one argument per lane, which nvcc rejects",
     "lowering_failed": "TVM's GPU lowering raised",
+    "build_pipeline_failed": "codegen: tvm.compile's own lowering raises (e.g. LowerThreadAllreduce "
+                             "on a cross-thread reduction that UnrollLoop copied)",
 }
 RUNTIME_REASONS = ("threads_per_block", "shared_memory")
 POLICY_REASONS = ("vthread", "thread_extent_annotation")
