@@ -5,13 +5,14 @@ TVM's GPU build lowers it -- including ``LowerIntrin``, which expands
 ``q_multiply_shift`` / ``q_multiply_shift_per_axis`` into int64 arithmetic -- and
 then checked for: threads per block, shared memory per block, virtual threads,
 thread-extent annotations of MetaSchedule, and the byte width of every vector it
-finds in loads, stores *and Cast nodes*, broadcasts wider than 16 bytes (the index
-vectors of gathers) and broadcasts of narrow integers with more than 4 lanes (TVM
-0.27's CUDA codegen emits both in a form nvcc rejects). Last, the candidate must pass the
-lowering ``tvm.compile`` itself runs, which has passes the short pipeline lacks
-(``check_build_pipeline``). A requantize loop vectorized by 4 casts to
-``int64x4`` (32 bytes) after lowering; a check that looks only at loads and stores
-accepts it and the candidate then fails in codegen.
+finds in loads, stores *and Cast nodes*.  Last, the candidate must pass the lowering
+``tvm.compile`` itself runs, which has passes the short pipeline lacks, and the code
+it hands to the CUDA codegen must have no broadcast wider than 16 bytes (the index
+vectors of gathers) and none of narrow integers with more than 4 lanes: TVM 0.27's
+CUDA codegen emits both in a form nvcc rejects (``check_build_pipeline``).  A
+requantize loop vectorized by 4 casts to ``int64x4`` (32 bytes) after lowering; a
+check that looks only at loads and stores accepts it and the candidate then fails in
+codegen.
 
 Why our own: TVM's built-in postproc returns a bare bool. This one keeps a counter
 of rejection reasons (``reason_counts()``) that a tuning run can print, and the
@@ -95,31 +96,41 @@ def lower_for_gpu(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> 
     return mod[name]
 
 
-def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target):
-    """Run the lowering ``tvm.compile`` runs for ``target`` (TVM's own default TIR
-    pipeline, host/device split and device finalisation; everything but code
-    generation); returns (reason, message) if it raises, else None.
-
-    The checks above look at a shorter pipeline (the built-in's).  Passes it leaves out
-    can fail on their own: with ``pragma_unroll_explicit`` UnrollLoop copies a
-    cross-thread reduction inside a serial loop, and LowerThreadAllreduce then meets
-    its buffer twice ("load_remap_"); verify-gpu found such candidates of resnet50's
-    global_avg_pool accepted by both postprocs.
-    """
+def build_lowering(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> list:
+    """The lowering ``tvm.compile`` runs for ``target`` (TVM's own default TIR pipeline,
+    host/device split, device finalisation; everything but code generation): the
+    device IRModules as the CUDA codegen receives them.  Raises what TVM raises."""
     from tvm.tirx.build import split_host_device_mods
 
     func = func.with_attr("global_symbol", name).with_attr("tirx.noalias", True)
     host = tvm.target.Target("llvm" if tvm.runtime.enabled("llvm") else "c")
+    with tvm.transform.PassContext(opt_level=3):
+        mod = ttx.BindTarget(target.with_host(host))(tvm.IRModule({name: func}))
+        pipeline, _host_passes, device_passes = tvm.tirx.get_default_tir_pipeline(target)
+        _host_mod, device_mods = split_host_device_mods(pipeline(mod))
+        return [device_passes()(device_mod) for device_mod in device_mods.values()]
+
+
+def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target):
+    """(reason, message) if ``build_lowering`` raises or leaves a broadcast the CUDA
+    codegen cannot write (``check_broadcasts``), else None.
+
+    The checks of ``check_lowered`` look at a shorter pipeline (the built-in's).
+    Passes it leaves out can fail on their own: with ``pragma_unroll_explicit``
+    UnrollLoop copies a cross-thread reduction inside a serial loop, and
+    LowerThreadAllreduce then meets its buffer twice ("load_remap_"); verify-gpu found
+    such candidates of resnet50's global_avg_pool accepted by both postprocs.
+    """
     try:
-        with tvm.transform.PassContext(opt_level=3):
-            mod = ttx.BindTarget(target.with_host(host))(tvm.IRModule({name: func}))
-            pipeline, _host_passes, device_passes = tvm.tirx.get_default_tir_pipeline(target)
-            _host_mod, device_mods = split_host_device_mods(pipeline(mod))
-            for device_mod in device_mods.values():
-                device_passes()(device_mod)
+        device_mods = build_lowering(func, name, target)
     except Exception as err:  # noqa: BLE001 -- tvm.compile would raise the same
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         return BUILD_PIPELINE, (lines[-1] if lines else repr(err))[:200]
+    for device_mod in device_mods:
+        for _gv, device_func in device_mod.functions.items():
+            verdict = check_broadcasts(device_func.body)
+            if verdict is not None:
+                return verdict
     return None
 
 
@@ -237,7 +248,15 @@ def check_lowered(func: tirx.PrimFunc, limits: dict) -> tuple[str, str] | None:
         for ty in (cast.ty, cast.value.ty):
             if dtype_lanes(ty) > 1 and dtype_bytes(ty) > MAX_VECTOR_BYTES:
                 return VECTOR_CAST, f"vector cast {cast.value.ty} -> {cast.ty}: {ty} is {dtype_bytes(ty)} bytes > {MAX_VECTOR_BYTES}"
-    for broadcast in collect(func.body, tirx.Broadcast):
+    return None
+
+
+def check_broadcasts(stmt) -> tuple[str, str] | None:
+    """Broadcasts TVM 0.27's CUDA codegen writes in a form nvcc rejects, in code as
+    codegen receives it (after tvm.compile's lowering: its simplifications turn many
+    vector indices of the shorter pipeline, e.g. ``Ramp(8 t, 1, 8) // 128`` with its
+    broadcast, into plain ramps; checked earlier, they rejected candidates that compile)."""
+    for broadcast in collect(stmt, tirx.Broadcast):
         dt = tvm.DataType(str(broadcast.ty))
         if dt.lanes > 1 and dtype_bytes(broadcast.ty) > MAX_VECTOR_BYTES:
             # e.g. the int32x8 index vector of a gather vectorized by 8: codegen writes

@@ -107,6 +107,35 @@ def test_int32x8_index_broadcast_of_a_gather_is_rejected():
     assert builtin_accepts(sch, cuda_target())  # the built-in's blind spot
 
 
+def test_int32x8_index_broadcast_that_tvm_compile_simplifies_away_is_accepted():
+    """b[i] = a[i // 128 * 2048 + i % 128] in int8, vectorized by 8 over 40 threads: the
+    short pipeline leaves ``Ramp(..) // Broadcast(128, 8)``, an int32x8 broadcast, but
+    tvm.compile's simplifier proves the 8 lanes contiguous and the CUDA source has no
+    vector index at all.  Checked on the short pipeline it was rejected although it
+    compiles (verify-gpu: resnet50-int8 dense and conv candidates)."""
+    from tvm import tirx
+
+    from tvm_ext.candidates import cuda_source
+    from tvm_ext.nvcc import compile_cuda, nvcc_path
+    from tvm_ext.postprocs.verify_gpu_code import lower_for_gpu
+    from tvm_ext.tir_utils import collect
+
+    a = te.placeholder((32 * 2048,), "int8", name="a")
+    b = te.compute((4096,), lambda i: a[i // 128 * 2048 + i % 128], name="b")
+    sch = Schedule(te.create_prim_func([a, b]))
+    bx, _, tx, v = sch.split(sch.get_loops(sch.get_sblock("b"))[0], [None, 2, 40, 8])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(v)
+    short = lower_for_gpu(sch.mod["main"], "main", cuda_target())
+    assert "int32x8" in {str(x.ty) for x in collect(short.body, tirx.Broadcast)}
+    assert ours(sch) is None
+    source = cuda_source(sch, cuda_target())
+    assert "make_longlong4" not in source
+    if nvcc_path():
+        assert compile_cuda(source, "sm_80") == (True, "")
+
+
 def pooled_sum_with_cross_thread_reduction(unroll_explicit):
     """s[c] = sum over 49 rows of a[r, c] into shared memory, reduced across 16 threads
     inside a serial loop over 16 channels (the CrossThreadReduction shape of resnet50's
