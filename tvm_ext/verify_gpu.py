@@ -50,8 +50,9 @@ REASON_NOTES = {
                          "(cudaErrorInvalidConfiguration / launch-bounds mismatch)",
     "shared_memory": "run time: more shared memory than the per-block limit fails to launch "
                      "(ptxas only catches static allocations over 48 KiB)",
-    "vthread": "policy, shared with TVM's built-in (max_vthread=8): compiles and runs, "
-               "rejected as a register-pressure heuristic",
+    "vthread": "policy: at most 8 as the product of vthread extents of the scheduled loops (a "
+               "register-pressure heuristic); the built-in's max_vthread=8 looks after InjectVirtualThread "
+               "removed them; compiles and runs",
     "thread_extent_annotation": "policy, shared with TVM's built-in: the sketch's "
                                 "meta_schedule.thread_extent_{low,high}_inclusive bounds "
                                 "(e.g. at least a warp); compiles and runs",
