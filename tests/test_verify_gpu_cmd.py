@@ -32,6 +32,12 @@ def test_unknown_workload_is_one_line(capsys):
     assert len(err) == 1 and "unknown workload" in err[0]
 
 
+def test_resume_without_out_is_one_line(capsys):
+    assert main(["verify-gpu", "conv2d-int8", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--resume needs --out" in err[0]
+
+
 @needs_nvcc
 def test_verify_gpu_conv2d_int8(tmp_path, capsys):
     out = tmp_path / "v.json"

@@ -162,10 +162,10 @@ class Stopwatch:
 class TaskRun:
     """Verdicts of one task's candidates; nvcc results arrive asynchronously."""
 
-    def __init__(self, name: str, weight: int) -> None:
+    def __init__(self, name: str, weight: int, seed: Optional[int] = None) -> None:
         self.name = name
         self.weight = weight
-        self.seed: Optional[int] = None
+        self.seed = seed
         self.records: list = []  # dicts: ours, reason, message, builtin, future | (ok, err)
         self.seconds = 0.0
         self.sampling: dict = {}
@@ -285,8 +285,7 @@ def verify_task(name: str, weight: int, mod, target, samples: int, *, pool, seed
     from tvm_ext.postprocs.verify_gpu_code import target_limits, verify
 
     start = time.time()
-    run = TaskRun(name, weight)
-    run.seed = seed
+    run = TaskRun(name, weight, seed)
     clock = run.timing
     space = tvm_ext.space(target, ruleset)
     ctx = context or tune_context(mod, target, space, name)
@@ -344,6 +343,8 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     if samples < 1:
         raise ValueError("--samples must be at least 1")
+    if resume and not out:
+        raise ValueError("--resume needs --out FILE: the run whose finished tasks it keeps")
     if nvcc_path() is None:
         raise FileNotFoundError("nvcc not found on PATH: verify-gpu compiles every candidate with it")
     progress = progress or (lambda _msg: None)
