@@ -19,6 +19,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
+from tvm_ext.jsonio import write_json
 from tvm_ext.rulesets import check_ruleset, space
 from tvm_ext.targets import target_mismatch, target_to_json
 from tvm_ext.tir_utils import top_level_nests
@@ -84,11 +85,7 @@ def prepare_work_dir(work_dir: str, workload, target, ruleset: str, log=print) -
 
 def write_meta(work_dir: str, meta: dict) -> None:
     """Write metadata atomically (a kill never leaves half a file)."""
-    path = os.path.join(work_dir, META_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_json(os.path.join(work_dir, META_FILE), meta, sort_keys=True)
 
 
 def repair_database(work_dir: str, log=print) -> int:

@@ -38,6 +38,7 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Optional
 
+from tvm_ext.jsonio import write_json
 from tvm_ext.nvcc import DEFAULT_BATCH  # stdlib only: the CLI stays light
 
 WORKLOADS = ("conv2d-int8", "resnet50-int8", "phi2-decode", "phi2-prefill")
@@ -430,15 +431,6 @@ def _resumed(out: Optional[str], head: dict) -> dict:
         raise ValueError(f"--resume: {out} is a run with other settings ({', '.join(differ)}); "
                          "choose another --out or the same settings")
     return {t["task"]: t for t in prev["tasks"]}
-
-
-def write_json(path: str, doc: dict) -> None:
-    """Write ``doc`` to ``path`` atomically (a kill never leaves half a file)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _total(results: list) -> dict:

@@ -77,6 +77,7 @@ def run(args) -> int:
     import json
 
     from tvm_ext import equivalence as eq
+    from tvm_ext.jsonio import write_json
     from tvm_ext.commands.common import log, resolve_target
 
     corpus = eq.corpus()
@@ -97,9 +98,7 @@ def run(args) -> int:
     def write(done):
         results[:] = done
         if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                json.dump(document(target, args.candidates, args.seed, done, len(cases)), f, indent=1)
-                f.write("\n")
+            write_json(args.out, document(target, args.candidates, args.seed, done, len(cases)))
 
     log(f"checking {len(cases)} cases, {args.candidates} candidates each, on {target}")
     runner = eq.CandidateRunner(args.build_timeout) if args.build_timeout else None
