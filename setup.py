@@ -6,7 +6,8 @@ setup(
     version="0.1.0",
     description="MetaSchedule schedule rules, postprocessors and tuning drivers for quantized models",
     python_requires=">=3.9",
-    packages=["tvm_ext", "tvm_ext.commands", "tvm_ext.workloads", "tvm_ext.rules", "tvm_ext.postprocs"],
+    packages=["tvm_ext", "tvm_ext.intrinsics", "tvm_ext.tune", "tvm_ext.workloads", "tvm_ext.bench",
+              "tvm_ext.check", "tvm_ext.cli", "tvm_ext.testing", "tvm_ext.rules", "tvm_ext.postprocs"],
     package_dir={
         "tvm_ext": "tvm_ext",
         "tvm_ext.rules": "rules",
@@ -28,5 +29,9 @@ setup(
         # ONNX Runtime as the peer of the int8 benchmarks (issue: int8 on CPU vs ORT)
         "bench": ["onnx>=1.16", "onnxruntime>=1.17"],
     },
-    entry_points={"console_scripts": ["tvm-ext=tvm_ext.cli:main"]},
+    entry_points={
+        "console_scripts": ["tvm-ext=tvm_ext.cli:main"],
+        # makes ms.tune_tir safe in several tests of one session (pytest >= 9.2); -p no:tvm_ext
+        "pytest11": ["tvm_ext = tvm_ext.testing.pytest_plugin"],
+    },
 )

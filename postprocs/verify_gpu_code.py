@@ -29,11 +29,10 @@ import tvm_ffi
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
 from tvm.ir.utils import derived_object
-from tvm.s_tir import transform as stx
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
 from tvm.s_tir.stmt import SBlock
-from tvm.tirx import transform as ttx
 
+from tvm_ext.lowering import build_lowering, lower_for_gpu
 from tvm_ext.tir_utils import collect, dtype_bytes, dtype_lanes, prim_funcs
 
 REQUIRED_TARGET_ATTRS = ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")
@@ -55,60 +54,6 @@ MAX_NARROW_INT_BROADCAST_LANES = 4
 THREAD_ANNOTATION = "thread_extent_annotation"
 LOWERING = "lowering_failed"
 BUILD_PIPELINE = "build_pipeline_failed"
-
-
-def lowering_passes() -> list:
-    """The GPU lowering pipeline up to LowerIntrin, as TVM's build runs it."""
-    return [
-        stx.LowerCrossThreadReduction(),
-        stx.LowerInitBlock(),
-        stx.PlanAndUpdateBufferAllocationLocation(),
-        stx.ConvertBlocksToOpaque(),
-        stx.LiftThreadBinding(),
-        stx.ManifestSharedMemoryLocalStage(),
-        stx.CompactBufferAllocation(),
-        ttx.StmtSimplify(),
-        stx.LowerAutoCopy(),
-        stx.UnifyThreadBinding(),
-        stx.LowerMatchBuffer(),
-        stx.InjectSoftwarePipeline(),
-        stx.LowerOpaqueBlock(),
-        ttx.FlattenBuffer(),
-        ttx.BF16ComputeLegalize(),
-        ttx.NarrowDataType(32),
-        ttx.StmtSimplify(),
-        ttx.VectorizeLoop(True),
-        stx.InjectVirtualThread(),
-        stx.InjectDoubleBuffer(),
-        ttx.StorageRewrite(),
-        stx.MergeSharedMemoryAllocations(),
-        ttx.LowerIntrin(),
-    ]
-
-
-def lower_for_gpu(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> tirx.PrimFunc:
-    """Lower one scheduled PrimFunc far enough to see what the GPU code will do."""
-    func = func.with_attr("global_symbol", name).with_attr("target", target)
-    func = func.with_attr("tirx.noalias", True)
-    mod = tvm.IRModule({name: func})
-    with tvm.transform.PassContext(opt_level=3):
-        mod = tvm.transform.Sequential(lowering_passes())(mod)
-    return mod[name]
-
-
-def build_lowering(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> list:
-    """The lowering ``tvm.compile`` runs for ``target`` (TVM's own default TIR pipeline,
-    host/device split, device finalisation; everything but code generation): the
-    device IRModules as the CUDA codegen receives them.  Raises what TVM raises."""
-    from tvm.tirx.build import split_host_device_mods
-
-    func = func.with_attr("global_symbol", name).with_attr("tirx.noalias", True)
-    host = tvm.target.Target("llvm" if tvm.runtime.enabled("llvm") else "c")
-    with tvm.transform.PassContext(opt_level=3):
-        mod = ttx.BindTarget(target.with_host(host))(tvm.IRModule({name: func}))
-        pipeline, _host_passes, device_passes = tvm.tirx.get_default_tir_pipeline(target)
-        _host_mod, device_mods = split_host_device_mods(pipeline(mod))
-        return [device_passes()(device_mod) for device_mod in device_mods.values()]
 
 
 def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target):

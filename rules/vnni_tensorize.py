@@ -21,22 +21,14 @@ What it does, per block:
    blocks we tiled carry the ``meta_schedule.tiling_structure`` annotation, so that
    rule skips them.
 
-Intrinsics (registered here, on first use, with a 16x4 description equivalent to
-that of TVM's ``dot_16x4_vnni``): AVX-512 VNNI targets use ``tvm_ext.dot_16x4_avx512vnni`` (one
-512-bit ``vpdpbusd``); AVX-VNNI-only targets (Alder Lake and later client CPUs) use
-``tvm_ext.dot_16x4_avxvnni``, two 256-bit (VEX-encoded) ``vpdpbusd``, so one packed
-weight layout serves both. TVM's own ``dot_16x4_vnni`` cannot be used with the LLVM
-the 0.27 wheel bundles (see _operand_style).
+The intrinsics live in ``tvm_ext.intrinsics.vnni``; the rule lists that put this rule
+before MultiLevelTiling (``with_vnni``) in ``tvm_ext.rulesets``.
 """
 from __future__ import annotations
-
-from functools import lru_cache
-from typing import List, Optional
 
 from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import TensorIntrin
-from tvm.s_tir.meta_schedule.postproc import Postproc, RewriteTensorize
 from tvm.s_tir.meta_schedule.schedule_rule import (
     MultiLevelTilingWithIntrin,
     PyScheduleRule,
@@ -45,138 +37,13 @@ from tvm.s_tir.meta_schedule.schedule_rule import (
 )
 from tvm.s_tir.schedule import ScheduleError
 from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
-from tvm.script import tirx as T
 
-AVX512_VNNI_INTRIN = "tvm_ext.dot_16x4_avx512vnni"
-AVX_VNNI_INTRIN = "tvm_ext.dot_16x4_avxvnni"
+from tvm_ext.intrinsics.vnni import AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, register_intrinsics
+
 AUTO_TENSORIZE_ATTR = "meta_schedule.auto_tensorize"
 # On the innermost tile loop of a tensorized block: any loop annotation stops TVM's
 # RewriteParallelVectorizeUnroll from vectorizing that loop (and the loops outside it).
 KEEP_SERIAL_ATTR = "tvm_ext.vnni_keep_serial"
-
-
-# --------------------------------------------------------------------------- intrinsics
-# LLVM 21+ declares vpdpbusd on byte vectors, e.g. llvm.x86.avx512.vpdpbusd.512(<16 x i32>,
-# <64 x i8>, <64 x i8>); older LLVM on int32 vectors. TVM 0.27's own "dot_16x4_vnni"
-# passes int32 vectors and fails LLVM verification with the LLVM 22 that the wheel
-# bundles ("Call parameter type does not match function signature"), so we register our
-# own implementations for the operand style this LLVM wants (probed once, see
-# _operand_style), under the same 16x4 description.
-
-
-# Importing tvm.s_tir.tensor_intrin (even .x86) runs its package __init__, which builds
-# every CUDA intrinsic: ~30 s of CPU. So the description is written here, not imported.
-@T.prim_func(s_tir=True)
-def _dot_16x4_desc(
-    a: T.Buffer((4,), "uint8", offset_factor=1),
-    b: T.Buffer((16, 4), "int8", offset_factor=1),
-    c: T.Buffer((16,), "int32", offset_factor=1),
-) -> None:
-    # c[lane] += sum over 4 bytes of a[byte] * b[lane, byte]
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-        T.writes(c[0:16])
-        for lane, byte in T.grid(16, 4):
-            with T.sblock("update"):
-                v_lane, v_byte = T.axis.remap("SR", [lane, byte])
-                c[v_lane] = c[v_lane] + T.cast(a[v_byte], "int32") * T.cast(b[v_lane, v_byte], "int32")
-
-
-def _make_impl(instr_lanes: int, byte_operands: bool):
-    """16x4 u8.s8->s32 dot product as 16 // instr_lanes vpdpbusd of instr_lanes lanes."""
-    n_calls = 16 // instr_lanes
-    nbytes = 4 * instr_lanes
-    name = f"llvm.x86.avx512.vpdpbusd.{instr_lanes * 32}"
-    acc_t, u8_t, i8_t = f"int32x{instr_lanes}", f"uint8x{nbytes}", f"int8x{nbytes}"
-
-    def a_operand(a4):  # the 4 activation bytes, as an int32, broadcast to every lane
-        return tirx.reinterpret(u8_t, a4) if byte_operands else a4
-
-    def b_operand(b_bytes):  # 4 * lanes weight bytes: [lane][4]
-        return b_bytes if byte_operands else tirx.reinterpret(acc_t, b_bytes)
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        a: T.Buffer((4,), "uint8", offset_factor=1),
-        b: T.Buffer((16, 4), "int8", offset_factor=1),
-        c: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-            T.writes(c[0:16])
-            a4 = T.broadcast(T.reinterpret(a.vload([0], "uint8x4"), dtype="int32"), instr_lanes)
-            for h in T.unroll(n_calls):
-                c[T.ramp(h * instr_lanes, 1, instr_lanes)] = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(name),
-                    c.vload([h * instr_lanes], dtype=acc_t),
-                    a_operand(a4),
-                    b_operand(b.vload([h * instr_lanes, 0], dtype=i8_t)),
-                    dtype=acc_t,
-                )
-
-    return impl
-
-
-@lru_cache(maxsize=1)
-def _operand_style() -> bool:
-    """True when this LLVM wants byte-vector operands for vpdpbusd (probed by compiling)."""
-    import tvm  # pylint: disable=import-outside-toplevel
-    from tvm.target import codegen  # pylint: disable=import-outside-toplevel
-
-    first = codegen.llvm_version_major() >= 21
-    for style in (first, not first):
-        func = _make_impl(16, style).with_attr("global_symbol", "probe")
-        try:
-            tvm.compile(
-                tvm.IRModule({"probe": func}),
-                target=tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"}),
-            )
-            return style
-        except Exception:  # pylint: disable=broad-except
-            continue
-    return first
-
-
-def _register(name: str, instr_lanes: int) -> str:
-    try:
-        TensorIntrin.get(name)
-        return name
-    except Exception:  # pylint: disable=broad-except
-        pass
-    try:
-        TensorIntrin.register(name, _dot_16x4_desc, _make_impl(instr_lanes, _operand_style()))
-    except Exception:  # pylint: disable=broad-except
-        TensorIntrin.get(name)  # registered meanwhile under the same name
-    return name
-
-
-def avx512_vnni_intrin() -> str:
-    """Register (once) and name the 16x4 intrinsic as one 512-bit vpdpbusd."""
-    return _register(AVX512_VNNI_INTRIN, 16)
-
-
-def avx_vnni_intrin() -> str:
-    """Register (once) and name the 16x4 intrinsic as two 256-bit (VEX) vpdpbusd."""
-    return _register(AVX_VNNI_INTRIN, 8)
-
-
-def register_intrinsics() -> None:
-    """Register both intrinsics: a database whose traces tensorize with them can only be
-    loaded (JSONDatabase replays every trace) once they exist in this process."""
-    avx512_vnni_intrin()
-    avx_vnni_intrin()
-
-
-def vnni_intrin_name(target) -> Optional[str]:
-    """Name of the tensor intrinsic for ``target``: AVX-512 VNNI first, then AVX-VNNI."""
-    from tvm_ext.targets import vnni_kinds  # pylint: disable=import-outside-toplevel
-
-    kinds = vnni_kinds(target)
-    if "avx512vnni" in kinds:
-        return avx512_vnni_intrin()
-    if "avxvnni" in kinds:
-        return avx_vnni_intrin()
-    return None
 
 
 # --------------------------------------------------------------------------- rule
@@ -301,7 +168,7 @@ class VNNITensorize(PyScheduleRule):
                  fuse: bool = True) -> None:
         super().__init__()
         if intrin_name in (AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN):
-            _register(intrin_name, 16 if intrin_name == AVX512_VNNI_INTRIN else 8)
+            register_intrinsics()
         self.intrin_name = intrin_name
         self.max_innermost_factor = max_innermost_factor
         self.fuse = fuse
@@ -367,97 +234,3 @@ class VNNITensorize(PyScheduleRule):
 
     def clone(self) -> ScheduleRule:
         return VNNITensorize(self.intrin_name, self.max_innermost_factor, self.fuse)
-
-
-# --------------------------------------------------------------------------- builder
-def fast_local_builder(timeout_sec: float = 120.0, max_workers: int | None = None):
-    """A LocalBuilder that skips ``import tvm.s_tir.tensor_intrin`` in its workers.
-
-    TVM 0.27's default build function imports that package in every fresh worker, and
-    LocalBuilder starts fresh workers for every batch: ~30 s of CPU per worker per batch
-    (the CUDA intrinsics), far more than building the candidates. The candidates are
-    already tensorized when they reach the builder, so the intrinsics are not needed.
-    The build function is defined in a closure so that cloudpickle sends it by value
-    (workers need not import tvm_ext).
-    """
-    from tvm.s_tir.meta_schedule.builder import LocalBuilder  # pylint: disable=import-outside-toplevel
-
-    def make_build():
-        def build(mod, target, _params):
-            # pylint: disable=import-outside-toplevel
-            from tvm.driver import build as tvm_build
-            from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
-            mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
-            return tvm_build(mod, target=target)
-
-        return build
-
-    return LocalBuilder(f_build=make_build(), timeout_sec=timeout_sec, max_workers=max_workers)
-
-
-# --------------------------------------------------------------------------- presets
-def vnni_rules(target) -> List[ScheduleRule]:
-    """Rules to insert **before** MultiLevelTiling in an llvm rule list.
-
-    Empty when the target has no VNNI (non-x86, no AVX-512 VNNI / AVX-VNNI, cuda).
-    """
-    intrin = vnni_intrin_name(target)
-    return [VNNITensorize(intrin)] if intrin else []
-
-
-def vnni_postprocs(target) -> List[Postproc]:
-    """Postprocessors the rule needs (RewriteTensorize); empty without VNNI."""
-    return [RewriteTensorize(vectorize_init_loop=True)] if vnni_intrin_name(target) else []
-
-
-def with_vnni(rules: List[ScheduleRule], postprocs: List[Postproc], target):
-    """(rules, postprocs) with the VNNI pieces inserted.
-
-    VNNITensorize goes right before the first MultiLevelTiling (else before
-    ParallelizeVectorizeUnroll, else at the end); RewriteTensorize right after
-    RewriteReductionBlock (it tensorizes the update block that one splits from the
-    init), else at the end. Copies of the lists, unchanged when the target has no VNNI.
-    """
-    extra_rules, extra_posts = vnni_rules(target), vnni_postprocs(target)
-    if not extra_rules:
-        return list(rules), list(postprocs)
-    rules = list(rules)
-    names = [type(r).__name__ for r in rules]
-    idx = next((i for i, n in enumerate(names) if n == "MultiLevelTiling"), None)
-    if idx is None:
-        idx = next((i for i, n in enumerate(names) if n == "ParallelizeVectorizeUnroll"), len(rules))
-    rules[idx:idx] = extra_rules
-    posts = list(postprocs)
-    pnames = [type(p).__name__ for p in posts]
-    # RewriteTensorize runs after RewriteReductionBlock (it tensorizes the update block
-    # that one separates from the init) and before RewriteLayout
-    pidx = next((i + 1 for i, n in enumerate(pnames) if n == "RewriteReductionBlock"), len(posts))
-    posts[pidx:pidx] = extra_posts
-    return rules, posts
-
-
-def vnni_space(target):
-    """TVM's default llvm rules and postprocs with the VNNI pieces (for tests/tools)."""
-    from tvm.s_tir.meta_schedule.space_generator import PostOrderApply  # pylint: disable=import-outside-toplevel
-
-    rules, posts = with_vnni(ScheduleRule.create("llvm"), Postproc.create("llvm"), target)
-    return PostOrderApply(sch_rules=rules, postprocs=posts, mutator_probs="llvm")
-
-
-__all__ = [
-    "AVX512_VNNI_INTRIN",
-    "AVX_VNNI_INTRIN",
-    "VNNITensorize",
-    "fuse_epilogue",
-    "operands_packed",
-    "protect_tensorization",
-    "vnni_intrin_name",
-    "vnni_rules",
-    "vnni_postprocs",
-    "with_vnni",
-    "vnni_space",
-    "fast_local_builder",
-    "avx512_vnni_intrin",
-    "avx_vnni_intrin",
-]

@@ -161,7 +161,7 @@ def test_cuda_build_only_without_a_gpu():
 
 def test_database_schedules_every_tuned_function(tuned):
     """The compiled network uses the database: every tuned PrimFunc comes out scheduled."""
-    from tvm_ext import tuning, workloads
+    from tvm_ext import tune as tuning, workloads
     from tvm_ext.targets import resolve_target
 
     work_dir, _, _ = tuned

@@ -4,7 +4,7 @@ import inspect
 import subprocess
 import sys
 
-from tvm_ext.intrin_import import _getmodule_memoized_by_file
+from tvm_ext.intrinsics.fast_import import _getmodule_memoized_by_file
 
 
 def _frames():
@@ -25,7 +25,7 @@ def test_stack_is_the_same_with_memoized_getmodule():
 
 def test_fast_import_registers_the_intrinsics():
     code = ("import sys, tvm\n"
-            "from tvm_ext.intrin_import import import_tensor_intrinsics\n"
+            "from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics\n"
             "import_tensor_intrinsics()\n"
             "assert 'tvm.s_tir.tensor_intrin.cuda' in sys.modules\n"
             "from tvm.s_tir.tensor_intrin.cuda import WMMA_SYNC_16x16x16_f16f16f32_INTRIN as n\n"

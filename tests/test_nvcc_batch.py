@@ -8,7 +8,7 @@ from tvm import te
 from tvm.s_tir import Schedule
 
 from kernels import cuda_target
-from tvm_ext import nvcc
+from tvm_ext.check import nvcc
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 
@@ -80,7 +80,7 @@ def with_ptxas_failure(source):
 def candidates():
     """Four CUDA sources TVM generates, sharing one preamble, two of which nvcc
     rejects (one in the front end, one in ptxas); their outcomes compiled one by one."""
-    from tvm_ext.candidates import cuda_source
+    from tvm_ext.lowering import cuda_source
 
     target = cuda_target()
     sources = [cuda_source(sch, target) for sch in

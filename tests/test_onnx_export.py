@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from tvm_ext import onnx_export as OE  # noqa: E402
+from tvm_ext.bench import onnx_export as OE  # noqa: E402
 
 
 def test_fixed_point_scale_roundtrip():

@@ -2,7 +2,7 @@
 import pytest
 from tvm import te
 
-from tvm_ext import peers
+from tvm_ext.bench import peers
 from tvm_ext.workloads import qnn
 
 

@@ -10,7 +10,7 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from tvm_ext import phi2_bench  # noqa: E402
+from tvm_ext.bench import phi2 as phi2_bench  # noqa: E402
 from tvm_ext.workloads import phi2  # noqa: E402
 
 CTX = 16

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_ext import equivalence as eq
+from tvm_ext.check import equivalence as eq
 from tvm_ext.targets import resolve_target
 
 CORPUS = {c.name: c for c in eq.corpus()}

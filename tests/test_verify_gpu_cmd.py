@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from tvm_ext import verify_gpu
+from tvm_ext.check import verify_gpu
 from tvm_ext.cli import main
 from tvm_ext.targets import cuda_target
 
@@ -120,7 +120,7 @@ def _requantize_func():
 
 
 def test_build_only_llvm_tiny_task():
-    from tvm_ext.build_only import build_only
+    from tvm_ext.check.build_only import build_only
     from tvm_ext.targets import resolve_target
 
     rows = build_only([("requantize", _requantize_func())], resolve_target("llvm"), "plugin", 2)
@@ -133,7 +133,7 @@ def test_build_only_llvm_tiny_task():
 
 @needs_nvcc
 def test_build_only_cuda_tiny_task():
-    from tvm_ext.build_only import build_only
+    from tvm_ext.check.build_only import build_only
     from tvm_ext.targets import resolve_target
 
     logged = []

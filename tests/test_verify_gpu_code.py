@@ -115,9 +115,9 @@ def test_int32x8_index_broadcast_that_tvm_compile_simplifies_away_is_accepted():
     compiles (verify-gpu: resnet50-int8 dense and conv candidates)."""
     from tvm import tirx
 
-    from tvm_ext.candidates import cuda_source
-    from tvm_ext.nvcc import compile_cuda, nvcc_path
-    from tvm_ext.postprocs.verify_gpu_code import lower_for_gpu
+    from tvm_ext.lowering import cuda_source
+    from tvm_ext.check.nvcc import compile_cuda, nvcc_path
+    from tvm_ext.lowering import lower_for_gpu
     from tvm_ext.tir_utils import collect
 
     a = te.placeholder((32 * 2048,), "int8", name="a")
@@ -163,7 +163,7 @@ def test_cross_thread_reduction_unrolled_explicitly_is_rejected_by_the_build_pip
     """UnrollLoop (in tvm.compile's pipeline, not in the built-in's) copies the allreduce
     16 times and LowerThreadAllreduce fails on the repeated buffer; both postprocs'
     short pipelines accept it (verify-gpu found 17 of 100 global_avg_pool candidates)."""
-    from tvm_ext.candidates import cuda_source
+    from tvm_ext.lowering import cuda_source
 
     target = cuda_target()
     bad = pooled_sum_with_cross_thread_reduction(unroll_explicit=True)
@@ -227,7 +227,7 @@ def test_agrees_with_builtin_on_200_sampled_candidates_of_the_seed_conv():
     limits after the same lowering.
     """
     import tvm_ext
-    from tvm_ext.candidates import sample_candidates
+    from tvm_ext.tune.sampling import sample_candidates
     from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
 
     deliberate = {"vector_width:broadcast", "vthread"}

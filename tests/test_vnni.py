@@ -12,7 +12,10 @@ from tvm import te, tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
+from tvm_ext import rulesets as R
+from tvm_ext.intrinsics import vnni as I
 from tvm_ext.rules import vnni_tensorize as V
+from tvm_ext.tune.builder import fast_local_builder
 from tvm_ext.targets import _cpuinfo
 from tvm_ext.workloads import qnn_vnni as Q
 
@@ -25,7 +28,7 @@ HOST_AVX_VNNI = "avx_vnni" in _FLAGS
 
 def _space(case, target):
     target = tvm.target.Target(target)
-    ctx = ms.TuneContext(mod=case.mod, target=target, space_generator=V.vnni_space(target),
+    ctx = ms.TuneContext(mod=case.mod, target=target, space_generator=R.vnni_space(target),
                          task_name=case.name, rand_state=1)
     return ctx, ctx.generate_design_space()
 
@@ -82,16 +85,16 @@ def test_packing_roundtrip_and_reference_in_range():
 
 
 def test_rules_only_on_vnni_targets():
-    assert V.vnni_rules({"kind": "llvm"}) == []
-    assert V.vnni_rules({"kind": "llvm", "mcpu": "skylake-avx512"}) == []
-    assert V.vnni_rules({"kind": "cuda", "arch": "sm_80"}) == []
-    assert V.vnni_postprocs({"kind": "llvm"}) == []
-    assert V.vnni_intrin_name(AVX512) == V.AVX512_VNNI_INTRIN
-    assert V.vnni_intrin_name(AVXVNNI) == V.AVX_VNNI_INTRIN
-    assert V.vnni_intrin_name({"kind": "llvm", "mcpu": "znver4"}) == V.AVX512_VNNI_INTRIN
-    (rule,) = V.vnni_rules(AVX512)
+    assert R.vnni_rules({"kind": "llvm"}) == []
+    assert R.vnni_rules({"kind": "llvm", "mcpu": "skylake-avx512"}) == []
+    assert R.vnni_rules({"kind": "cuda", "arch": "sm_80"}) == []
+    assert R.vnni_postprocs({"kind": "llvm"}) == []
+    assert I.vnni_intrin_name(AVX512) == I.AVX512_VNNI_INTRIN
+    assert I.vnni_intrin_name(AVXVNNI) == I.AVX_VNNI_INTRIN
+    assert I.vnni_intrin_name({"kind": "llvm", "mcpu": "znver4"}) == I.AVX512_VNNI_INTRIN
+    (rule,) = R.vnni_rules(AVX512)
     assert isinstance(rule, V.VNNITensorize)
-    rules, posts = V.with_vnni(ms.schedule_rule.ScheduleRule.create("llvm"),
+    rules, posts = R.with_vnni(ms.schedule_rule.ScheduleRule.create("llvm"),
                                ms.postproc.Postproc.create("llvm"), AVX512)
     names = [type(r).__name__ for r in rules]
     assert names.index("VNNITensorize") + 1 == names.index("MultiLevelTiling")
@@ -107,7 +110,7 @@ def test_every_sketch_tensorized_and_epilogue_fused(make):
     for sch in sketches:
         func = sch.mod["main"]
         text = func.script()
-        assert f'"meta_schedule.auto_tensorize": "{V.AVX512_VNNI_INTRIN}"' in text
+        assert f'"meta_schedule.auto_tensorize": "{I.AVX512_VNNI_INTRIN}"' in text
         # the requantize block was folded into the accumulator write-back
         assert 'sblock("requantize")' not in text
         # one top-level loop nest holds the reduction and the epilogue
@@ -127,7 +130,7 @@ def test_nhwc_conv_is_left_to_plain_tiling():
         axis=[rh, rw, rc]), name="conv")
     mod = tvm.IRModule({"main": te.create_prim_func([data, weight, conv])})
     target = tvm.target.Target(AVX512)
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator=V.vnni_space(target), task_name="nhwc")
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=R.vnni_space(target), task_name="nhwc")
     sketches = ctx.generate_design_space()
     assert sketches and all("auto_tensorize" not in s.mod.script() for s in sketches)
     assert all("meta_schedule.tiling_structure" in s.mod.script() for s in sketches)
@@ -147,7 +150,7 @@ def test_plain_dense_weight_is_left_to_plain_tiling():
     sch = tvm.s_tir.Schedule(mod)
     assert not V.operands_packed(sch.get(sch.get_sblock("dense")))
     target = tvm.target.Target(AVX512)
-    ctx = ms.TuneContext(mod=mod, target=target, space_generator=V.vnni_space(target), task_name="plain_dense")
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=R.vnni_space(target), task_name="plain_dense")
     sketches = ctx.generate_design_space()
     assert sketches and all("auto_tensorize" not in s.mod.script() for s in sketches)
     for make, name in ((Q.conv2d_case, "conv2d_nchwc_int8"), (Q.dense_case, "dense_int8")):
@@ -159,7 +162,7 @@ def test_plain_dense_weight_is_left_to_plain_tiling():
 def test_avx512_vnni_bit_exact_and_vpdpbusd(make):
     case = make()
     sch = _scheduled(case, AVX512)
-    assert f'tensor_intrin="{V.AVX512_VNNI_INTRIN}"' in str(sch.trace)
+    assert f'tensor_intrin="{I.AVX512_VNNI_INTRIN}"' in str(sch.trace)
     assert "llvm.x86.avx512.vpdpbusd.512" in sch.mod.script()
     lib = tvm.compile(sch.mod, target=tvm.target.Target(AVX512))
     assert "vpdpbusd" in _asm(lib) and "zmm" in _asm(lib)
@@ -171,7 +174,7 @@ def test_avx512_vnni_bit_exact_and_vpdpbusd(make):
 def test_avx_vnni_bit_exact_and_vex_vpdpbusd():
     case = Q.conv2d_case(h=9, w=9, c_in=3, c_out=16, stride=2, seed=3)  # stem-like, cb=4
     sch = _scheduled(case, AVXVNNI)
-    assert f'tensor_intrin="{V.AVX_VNNI_INTRIN}"' in str(sch.trace)
+    assert f'tensor_intrin="{I.AVX_VNNI_INTRIN}"' in str(sch.trace)
     lib = tvm.compile(sch.mod, target=tvm.target.Target(AVXVNNI))
     asm = _asm(lib)
     assert "{vex}" in asm and "vpdpbusd" in asm and "zmm" not in asm
@@ -189,11 +192,11 @@ def test_tuned_with_rule_bit_exact(make):
     target = tvm.target.Target(AVX512)
     with tempfile.TemporaryDirectory() as work_dir:
         db = ms.tune_tir(case.mod, target, work_dir, max_trials_global=4, num_trials_per_iter=4,
-                         space=V.vnni_space(target), builder=V.fast_local_builder(),
+                         space=R.vnni_space(target), builder=fast_local_builder(),
                          runner=ms.runner.LocalRunner(timeout_sec=60))
         sch = ms.tir_integration.compile_tir(db, case.mod, target)
     assert sch is not None
-    assert f'tensor_intrin="{V.AVX512_VNNI_INTRIN}"' in str(sch.trace)
+    assert f'tensor_intrin="{I.AVX512_VNNI_INTRIN}"' in str(sch.trace)
     lib = tvm.compile(sch.mod, target=target)
     assert "vpdpbusd" in _asm(lib)
     np.testing.assert_array_equal(Q.run_case(case, lib), case.reference())
@@ -214,9 +217,9 @@ def test_database_with_tensorized_records_opens_in_a_fresh_process(tmp_path):
     db.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, workload, run_secs=[1e-4], target=target,
         args_info=ms.arg_info.ArgInfo.from_prim_func(case.mod["main"])))
-    code = ("import sys; from tvm_ext import tuning; db = tuning.open_database(sys.argv[1]); "
+    code = ("import sys; from tvm_ext import tune as tuning; db = tuning.open_database(sys.argv[1]); "
             "(r,) = db.get_all_tuning_records(); print(r.trace)")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert V.AVX512_VNNI_INTRIN in proc.stdout
+    assert I.AVX512_VNNI_INTRIN in proc.stdout

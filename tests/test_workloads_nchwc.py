@@ -16,8 +16,8 @@ from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_ext
-from tvm_ext import tuning, workloads
-from tvm_ext.candidates import sample_candidates
+from tvm_ext import tune as tuning, workloads
+from tvm_ext.tune.sampling import sample_candidates
 from tvm_ext.rules import vnni_tensorize as V
 from tvm_ext.targets import resolve_target, vnni_kinds
 from tvm_ext.tir_utils import blocks_of, prim_funcs

@@ -9,10 +9,15 @@
 """
 from __future__ import annotations
 
+from typing import List
+
 import tvm
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.postproc import Postproc, RewriteTensorize
+from tvm.s_tir.meta_schedule.schedule_rule import ScheduleRule
 
-from tvm_ext.intrin_import import import_tensor_intrinsics
+from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
+from tvm_ext.intrinsics.vnni import vnni_intrin_name
 
 RULESETS = ("plugin", "no-inline-const", "upstream")
 
@@ -58,14 +63,10 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
 
 
 def _vnni(target, ruleset: str):
-    """(extra rules, extra postprocs) of the VNNI tensorization for our llvm rule sets.
-
-    Empty for ``upstream``, cuda, and x86 targets without AVX-512 VNNI / AVX-VNNI.
-    """
+    """``with_vnni`` for our llvm rule sets; None for ``upstream`` and cuda (it adds
+    nothing on x86 targets without AVX-512 VNNI / AVX-VNNI)."""
     if ruleset == "upstream" or target_kind(target) != "llvm":
         return None
-    from tvm_ext.rules.vnni_tensorize import with_vnni
-
     return with_vnni
 
 
@@ -84,7 +85,7 @@ def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> lis
 def space(target: tvm.target.Target, ruleset: str = "plugin") -> ms.space_generator.PostOrderApply:
     """A PostOrderApply design-space generator with the rule set's rules and postprocs.
 
-    Also imports TVM's tensor intrinsics the fast way (see ``tvm_ext.intrin_import``), so
+    Also imports TVM's tensor intrinsics the fast way (see ``tvm_ext.intrinsics.fast_import``), so
     that the ``ms.TuneContext`` this space goes into does not spend ~40 s importing them.
     """
     import_tensor_intrinsics()
@@ -93,3 +94,54 @@ def space(target: tvm.target.Target, ruleset: str = "plugin") -> ms.space_genera
         postprocs=default_postprocs(target, ruleset),
         mutator_probs=target_kind(target),
     )
+
+
+# ----------------------------------------------------------------------------- VNNI presets
+def vnni_rules(target) -> List[ScheduleRule]:
+    """Rules to insert **before** MultiLevelTiling in an llvm rule list.
+
+    Empty when the target has no VNNI (non-x86, no AVX-512 VNNI / AVX-VNNI, cuda).
+    """
+    intrin = vnni_intrin_name(target)
+    from tvm_ext.rules.vnni_tensorize import VNNITensorize
+
+    return [VNNITensorize(intrin)] if intrin else []
+
+
+def vnni_postprocs(target) -> List[Postproc]:
+    """Postprocessors the rule needs (RewriteTensorize); empty without VNNI."""
+    return [RewriteTensorize(vectorize_init_loop=True)] if vnni_intrin_name(target) else []
+
+
+def with_vnni(rules: List[ScheduleRule], postprocs: List[Postproc], target):
+    """(rules, postprocs) with the VNNI pieces inserted.
+
+    VNNITensorize goes right before the first MultiLevelTiling (else before
+    ParallelizeVectorizeUnroll, else at the end); RewriteTensorize right after
+    RewriteReductionBlock (it tensorizes the update block that one splits from the
+    init), else at the end. Copies of the lists, unchanged when the target has no VNNI.
+    """
+    extra_rules, extra_posts = vnni_rules(target), vnni_postprocs(target)
+    if not extra_rules:
+        return list(rules), list(postprocs)
+    rules = list(rules)
+    names = [type(r).__name__ for r in rules]
+    idx = next((i for i, n in enumerate(names) if n == "MultiLevelTiling"), None)
+    if idx is None:
+        idx = next((i for i, n in enumerate(names) if n == "ParallelizeVectorizeUnroll"), len(rules))
+    rules[idx:idx] = extra_rules
+    posts = list(postprocs)
+    pnames = [type(p).__name__ for p in posts]
+    # RewriteTensorize runs after RewriteReductionBlock (it tensorizes the update block
+    # that one separates from the init) and before RewriteLayout
+    pidx = next((i + 1 for i, n in enumerate(pnames) if n == "RewriteReductionBlock"), len(posts))
+    posts[pidx:pidx] = extra_posts
+    return rules, posts
+
+
+def vnni_space(target):
+    """TVM's default llvm rules and postprocs with the VNNI pieces (for tests/tools)."""
+    from tvm.s_tir.meta_schedule.space_generator import PostOrderApply  # pylint: disable=import-outside-toplevel
+
+    rules, posts = with_vnni(ScheduleRule.create("llvm"), Postproc.create("llvm"), target)
+    return PostOrderApply(sch_rules=rules, postprocs=posts, mutator_probs="llvm")

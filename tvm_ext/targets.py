@@ -16,7 +16,6 @@ import subprocess
 from functools import lru_cache
 from typing import Any, Union
 
-import tvm
 from tvm.target import Target, codegen
 
 # Fixed limits of the CUDA presets (same for the archs we support).
@@ -385,37 +384,6 @@ def target_mismatch(recorded: TargetSpec, current: TargetSpec) -> str | None:
     )
 
 
-def format_host(desc: dict | None = None) -> str:
-    """describe_host() as the lines ``tvm-ext targets`` prints."""
-    d = desc or describe_host()
-    lines = [
-        f"cpu:            {d['cpu_name']}" + (f" ({d['vendor']})" if d.get("vendor") else ""),
-        f"triple:         {d['triple']}",
-        f"llvm host cpu:  {d['llvm_host_cpu']}",
-        f"mcpu:           {d['mcpu'] or '(none: generic)'}  [{d['mcpu_source']}]",
-        f"physical cores: {d['physical_cores']} (logical {d['logical_cpus']})",
-        f"avx512vnni:     {'yes' if d['avx512vnni'] else 'no'}",
-        f"avxvnni:        {'yes' if d['avxvnni'] else 'no'}",
-    ]
-    if d["mattr"]:
-        lines.append(f"mattr:          {','.join(d['mattr'])}  (in the CPU model, hidden by the OS)")
-    simd = [f for f in d["features"] if re.match(r"(avx|amx|sse4|fma|f16c)", f)]
-    lines.append(f"simd features:  {' '.join(simd)}")
-    lines.append("")
-    lines.append("presets:")
-    lines.append(f"  llvm          {json.dumps(target_to_json('llvm'))}")
-    lines.append(f"  llvm-generic  {json.dumps(target_to_json('llvm-generic'))}")
-    for name in ["cuda", *sorted(CUDA_PRESETS)]:
-        lines.append(f"  {name:<13} {json.dumps(target_to_json(name))}")
-    return "\n".join(lines)
-
-
-def print_targets() -> int:
-    """Body of ``tvm-ext targets``: prints the detected host and the presets; returns 0."""
-    print(format_host())
-    return 0
-
-
 __all__ = [
     "resolve_target",
     "target_key",
@@ -427,6 +395,4 @@ __all__ = [
     "physical_cores",
     "target_to_json",
     "target_mismatch",
-    "format_host",
-    "print_targets",
 ]

@@ -76,9 +76,9 @@ def format_table(doc: dict) -> str:
 def run(args) -> int:
     import json
 
-    from tvm_ext import equivalence as eq
+    from tvm_ext.check import equivalence as eq
     from tvm_ext.jsonio import write_json
-    from tvm_ext.commands.common import log, resolve_target
+    from tvm_ext.cli.common import log, resolve_target
 
     corpus = eq.corpus()
     if args.list:

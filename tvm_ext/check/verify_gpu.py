@@ -13,7 +13,7 @@ and lands in one cell of the confusion matrix: accepted_compiles,
 accepted_fails (must be 0), rejected_compiles (over-strict unless the reason fails
 at run time), rejected_fails.  No GPU is needed; nvcc runs on every CPU we may use
 while the main thread generates the next candidates, many candidates per nvcc run
-(``tvm_ext.nvcc``: same outcome and error text per candidate as alone).  Each task's
+(``tvm_ext.check.nvcc``: same outcome and error text per candidate as alone).  Each task's
 document has ``timing`` (seconds per stage: sample, verify_ours, verify_builtin,
 codegen) and the run's has ``nvcc`` (runs, batches, seconds in nvcc).
 
@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from typing import Callable, Optional
 
 from tvm_ext.jsonio import write_json
-from tvm_ext.nvcc import DEFAULT_BATCH  # stdlib only: the CLI stays light
+from tvm_ext.check.nvcc import DEFAULT_BATCH  # stdlib only: the CLI stays light
 
 WORKLOADS = ("conv2d-int8", "resnet50-int8", "phi2-decode", "phi2-prefill")
 ARCHS = ("sm_75", "sm_80", "sm_90")
@@ -267,7 +267,7 @@ def _builtin_accepts(builtin, sch) -> bool:
 def _submit_source(pool, sch, target):
     """A Future of nvcc's (ok, error) for the candidate's CUDA source, or (False, error)
     at once when TVM cannot generate it (that does not compile either)."""
-    from tvm_ext.candidates import cuda_source
+    from tvm_ext.lowering import cuda_source
 
     try:
         return pool.submit(cuda_source(sch, target))
@@ -282,7 +282,7 @@ def verify_task(name: str, weight: int, mod, target, samples: int, *, pool, seed
     """Sample, verify (ours and built-in) and submit to nvcc ``samples`` candidates."""
     import tvm_ext
     from tvm.s_tir import meta_schedule as ms
-    from tvm_ext.candidates import sample_candidates, tune_context
+    from tvm_ext.tune.sampling import sample_candidates, tune_context
     from tvm_ext.postprocs.verify_gpu_code import target_limits, verify
 
     start = time.time()
@@ -337,7 +337,7 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
     of the workload samples with seed ``seed + i`` whatever is selected, so a task
     gets the same candidates in a full, a partial and a resumed run.
     """
-    from tvm_ext.nvcc import CompilePool, nvcc_path
+    from tvm_ext.check.nvcc import CompilePool, nvcc_path
     from tvm_ext.targets import cuda_target
 
     if arch not in ARCHS:

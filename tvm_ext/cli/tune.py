@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from tvm_ext.commands.common import add_workload_args, check_workload_name, log
+from tvm_ext.cli.common import add_workload_args, check_workload_name, log
 
 
 def add_parser(sub) -> None:
@@ -42,9 +42,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import json
 
-    from tvm_ext import tuning
-    from tvm_ext.commands.common import load_workload, resolve_target
-    from tvm_ext.commands.report import print_report
+    from tvm_ext import tune as tuning
+    from tvm_ext.cli.common import load_workload, resolve_target
+    from tvm_ext.cli.report import print_report
     from tvm_ext.rulesets import check_ruleset
 
     check_workload_name(args.workload)
@@ -111,11 +111,11 @@ def _nonempty(path: str) -> bool:
 def run_build_only(args, target) -> int:
     import json
 
-    from tvm_ext import tuning
-    from tvm_ext.commands.common import load_workload
+    from tvm_ext import tune as tuning
+    from tvm_ext.cli.common import load_workload
 
     try:
-        from tvm_ext.build_only import build_only
+        from tvm_ext.check.build_only import build_only
     except ImportError as err:
         raise ValueError(f"--build-only is not available in this build ({err})") from None
     workload = load_workload(args)

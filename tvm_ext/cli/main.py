@@ -8,11 +8,10 @@ import argparse
 import importlib
 import sys
 
-from tvm_ext.commands import COMMANDS
 
 
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit code 2."""
+# one module of this package per command, each with add_parser(sub) and run(args)
+COMMANDS = ("tune", "report", "bench", "verify_gpu", "check_rules", "targets")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,13 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"tvm_ext.commands.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"tvm_ext.commands.{name}":
-                raise
-            continue  # command not installed in this build
-        module.add_parser(sub)
+        importlib.import_module(f"tvm_ext.cli.{name}").add_parser(sub)
     return parser
 
 
@@ -40,7 +33,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError) as err:
         print(f"tvm-ext {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

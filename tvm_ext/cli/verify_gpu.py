@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import json
 
-    from tvm_ext import verify_gpu
+    from tvm_ext.check import verify_gpu
 
     doc = verify_gpu.run(args.workload, samples=args.samples, arch=args.arch, tasks=args.tasks,
                          seed=args.seed, jobs=args.jobs, image=args.image, config=args.config,

@@ -249,7 +249,7 @@ def seed_database(db, mods, dlight, target, dlight_secs):
 def builder():
     """A LocalBuilder whose workers skip ``import tvm.s_tir.tensor_intrin`` (~45 s here,
     more than LocalBuilder's default 30 s timeout, so every candidate failed)."""
-    from tvm_ext.rules.vnni_tensorize import fast_local_builder
+    from tvm_ext.tune.builder import fast_local_builder
 
     return fast_local_builder(timeout_sec=120)
 

@@ -494,7 +494,7 @@ def _write_failure(failure_dir: str, case: Case, seed: int, func, sch, message: 
         f.write("# " + message.replace("\n", "\n# ") + "\n")
         if tb:
             f.write("# traceback:\n# " + tb.strip().replace("\n", "\n# ") + "\n")
-        f.write("# Reproduce: python -c \"from tvm_ext.equivalence import corpus, check_case; "
+        f.write("# Reproduce: python -c \"from tvm_ext.check.equivalence import corpus, check_case; "
                 "from tvm_ext.targets import resolve_target; "
                 f"print(check_case([c for c in corpus() if c.name == '{case.name}'][0], "
                 f"resolve_target('llvm'), seed={seed}))\"\n\n")
@@ -521,7 +521,7 @@ def check_case(case: Case, target, candidates: int = 2, seed: int = 0, *, space=
     import zlib
 
     import tvm_ext
-    from tvm_ext.candidates import sample_candidates
+    from tvm_ext.tune.sampling import sample_candidates
 
     start = time.time()
     failure_dir = failure_dir or DEFAULT_FAILURE_DIR

@@ -1,5 +1,5 @@
-"""Candidates of a design space, their CUDA source, and nvcc: shared by verify-gpu,
-build-only tuning and the equivalence corpus.
+"""Candidates of a design space: shared by verify-gpu, build-only tuning, the equivalence
+corpus and the benchmarks.
 
 A *candidate* is what MetaSchedule would measure: a sketch of the space generator
 whose random decisions are re-sampled (as ReplayTrace / the evolutionary search's
@@ -19,17 +19,12 @@ count_kernels(mod_or_sch, target=None) -> int
 from __future__ import annotations
 
 import random
-from typing import Iterable, Optional
+from typing import Optional
 
 import tvm
-import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Schedule, Trace
-
-# nvcc moved to tvm_ext.nvcc (batched compiles); re-exported for existing callers
-from tvm_ext.nvcc import (NVCC_FLAGS, CompilePool, compile_cuda, compile_many,  # noqa: F401
-                          default_jobs, nvcc_path)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -96,88 +91,6 @@ def sample_candidates(mod, target, space, n: int, seed: int = 0, *, context=None
 
 
 # --------------------------------------------------------------------------- CUDA source
-def _as_mod(sch_or_mod) -> tvm.IRModule:
-    if isinstance(sch_or_mod, Schedule):
-        return sch_or_mod.mod
-    if isinstance(sch_or_mod, tirx.PrimFunc):
-        return tvm.IRModule({"main": sch_or_mod})
-    return sch_or_mod
-
-
-def cuda_source(sch_or_mod, target) -> str:
-    """CUDA C source TVM generates for a scheduled candidate (no nvcc is run).
-
-    TVM 0.27 keeps the source in the CUDA module and compiles lazily, so building
-    for ``target`` runs TVM's whole lowering and code generation only.  Raises what
-    TVM raises when lowering or codegen fails.
-    """
-    mod = _as_mod(sch_or_mod)
-    mod = tvm.IRModule({gv: f.with_attr("global_symbol", gv.name_hint) if isinstance(f, tirx.PrimFunc) else f
-                        for gv, f in mod.functions.items()})
-    with tvm.transform.PassContext(opt_level=3):
-        exe = tvm.compile(mod, target=target)
-    sources = [m.inspect_source() for m in _walk_imports(exe.mod) if str(m.kind) == "cuda"]
-    if not sources:
-        raise RuntimeError("no CUDA module was generated")
-    return "\n".join(sources)
-
-
-def _walk_imports(module) -> Iterable:
-    stack = list(module.imports)
-    while stack:
-        m = stack.pop()
-        yield m
-        stack.extend(m.imports)
 
 
 # --------------------------------------------------------------------------- kernels
-def _outer_thread_scopes(stmt) -> int:
-    count = 0
-
-    def visit(node, visitor):
-        nonlocal count
-        if isinstance(node, tirx.AttrStmt) and node.attr_key == "thread_extent":
-            count += 1
-            return None  # nested thread scopes belong to this kernel
-        return visitor.default_visit(node)
-
-    tvm_ffi.structural_visit(stmt, [(tirx.Stmt, visit)])
-    return count
-
-
-def count_kernels(sch_or_mod, target=None) -> int:
-    """Device kernels of a scheduled GPU candidate (summed over its PrimFuncs).
-
-    The candidate is lowered as the GPU build lowers it and every outermost
-    thread-extent scope (a launch) is counted.  Without a ``target`` -- or when
-    lowering fails -- it counts top-level loop nests under the root block, which for
-    a scheduled GPU candidate are each bound to blockIdx (one kernel each); for an
-    llvm candidate that is the number of loop nests.
-    """
-    from tvm_ext.tir_utils import prim_funcs, top_level_nests
-
-    mod = _as_mod(sch_or_mod)
-    total = 0
-    for name, func in prim_funcs(mod):
-        n = None
-        if target is not None and str(target.kind.name) == "cuda":
-            try:
-                from tvm_ext.postprocs.verify_gpu_code import lower_for_gpu
-
-                n = _outer_thread_scopes(lower_for_gpu(func, name, target).body)
-            except Exception:  # noqa: BLE001 -- fall back to the structural count
-                n = None
-        total += n if n else top_level_nests(func)
-    return total
-
-
-__all__ = [
-    "CompilePool",
-    "compile_cuda",
-    "compile_many",
-    "count_kernels",
-    "cuda_source",
-    "non_verify_postprocs",
-    "sample_candidates",
-    "tune_context",
-]

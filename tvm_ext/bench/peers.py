@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from tvm_ext import tuning
+from tvm_ext import tune as tuning
 
 PEERS = ("ort",)
 
@@ -47,7 +47,7 @@ def ort_network(workload, threads: int, log=print):
     ``onnx_export.weight_inputs``). The diff is the largest difference in uint8 steps
     and the fraction of differing outputs: one-step rounding differences of single
     layers grow through a deep network."""
-    from tvm_ext import onnx_export
+    from tvm_ext.bench import onnx_export
 
     graph = workload.reference
     if not hasattr(graph, "steps"):
@@ -123,8 +123,8 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print)
     medians of ``rounds`` calls each, the two alternating."""
     import tvm
 
-    from tvm_ext import onnx_export
-    from tvm_ext.bench_int8 import time_interleaved
+    from tvm_ext.bench import onnx_export
+    from tvm_ext.bench.int8 import time_interleaved
 
     meta = tuning.read_meta(work_dir)
     database = tuning.open_database(work_dir)

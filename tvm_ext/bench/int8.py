@@ -11,7 +11,7 @@ import os
 import statistics
 import time
 
-from tvm_ext import tuning
+from tvm_ext import tune as tuning
 
 
 def time_interleaved(callables: dict, rounds: int, warmup: int = 1) -> dict:
@@ -114,7 +114,7 @@ def tuned_trials(tasks) -> int | None:
 
 
 def peer_module():
-    from tvm_ext import peers  # needs onnx / onnxruntime only when a peer is asked for
+    from tvm_ext.bench import peers  # needs onnx / onnxruntime only when a peer is asked for
 
     return peers
 

@@ -115,7 +115,9 @@ def build_only(tasks, target, ruleset: str = "plugin", candidates_per_task: int 
     """
     import tvm_ext
     from tvm.s_tir import meta_schedule as ms
-    from tvm_ext.candidates import CompilePool, count_kernels, cuda_source, sample_candidates, tune_context
+    from tvm_ext.check.nvcc import CompilePool
+    from tvm_ext.lowering import count_kernels, cuda_source
+    from tvm_ext.tune.sampling import sample_candidates, tune_context
     from tvm_ext.rulesets import check_ruleset
 
     check_ruleset(ruleset)
@@ -227,7 +229,7 @@ def fusion_evidence(arch: str = "sm_80", image: int = 224, out_json: str = FUSIO
         "candidates_per_task": candidates_per_task,
         "compiled_with_nvcc": bool(compile),
         "max_tries_per_candidate": max_tries_per_candidate,
-        "command": f"python -c \"from tvm_ext.build_only import fusion_evidence; "
+        "command": f"python -c \"from tvm_ext.check.build_only import fusion_evidence; "
                    f"fusion_evidence('{arch}', {image}, candidates_per_task={candidates_per_task})\"",
         "rows": rows,
     }

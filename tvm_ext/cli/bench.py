@@ -1,7 +1,7 @@
 """``tvm-ext bench``: compare rule sets (int8) or schedules and fusion (Phi-2) in one run."""
 from __future__ import annotations
 
-from tvm_ext.commands.common import add_workload_args, check_workload_name, log
+from tvm_ext.cli.common import add_workload_args, check_workload_name, log
 
 
 def add_parser(sub) -> None:
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import os
 
-    from tvm_ext.commands.common import load_workload, parse_rulesets, resolve_target
+    from tvm_ext.cli.common import load_workload, parse_rulesets, resolve_target
 
     check_workload_name(args.workload)
     if args.rounds is not None and args.rounds < 1:
@@ -51,7 +51,7 @@ def run(args) -> int:
     target = resolve_target(args.target)
     out = args.out or os.path.join(args.logs_dir, f"bench-{args.workload}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):
-        from tvm_ext import phi2_bench
+        from tvm_ext.bench import phi2 as phi2_bench
 
         result = phi2_bench.run(args.workload, target=target, trials=args.trials,
                                 from_logs=args.from_logs, build_only=args.build_only, out_json=out,
@@ -59,9 +59,9 @@ def run(args) -> int:
                                 **({} if args.rounds is None else {"rounds": args.rounds}))
         print(phi2_bench.format_table(result) if not args.build_only else result)
         return 0
-    from tvm_ext import bench_int8
+    from tvm_ext.bench import int8 as bench_int8
 
-    from tvm_ext.peers import parse_peers
+    from tvm_ext.bench.peers import parse_peers
 
     rulesets = parse_rulesets(args.rulesets)
     peers = parse_peers(args.peers)

@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import json
 
-    from tvm_ext import tuning
+    from tvm_ext import tune as tuning
 
     result = tuning.report(args.work_dir)
     if args.json:

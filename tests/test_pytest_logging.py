@@ -1,0 +1,55 @@
+"""Two ms.tune_tir calls in two tests of one pytest session, with pytest's log capture on.
+
+pytest >= 9.2 attaches unnamed capture handlers to non-propagating loggers, and TVM 0.27's
+create_loggers crashes on them ('NoneType' object has no attribute 'format') on the second
+tuning run. tvm_ext's pytest plugin (entry point ``tvm_ext``) makes it safe; without the
+plugin the same session fails, which shows the test reproduces what it guards against.
+"""
+import pytest
+
+INNER = '''
+import tvm
+import tvm_ext
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from tvm_ext.tune import make_builder
+
+
+def _tune(work_dir):
+    a = te.placeholder((64,), "float32", name="a")
+    b = te.compute((64,), lambda i: a[i] + 1.0, name="b")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    ms.tune_tir(mod, target, str(work_dir), max_trials_global=1, num_trials_per_iter=1,
+                space=tvm_ext.space(target), builder=make_builder(), strategy="replay-trace")
+
+
+def test_first(tmp_path):
+    _tune(tmp_path)
+
+
+def test_second(tmp_path):
+    _tune(tmp_path)
+'''
+
+
+def _pytest_attaches_to_non_propagating_loggers():
+    import _pytest.logging as pl
+
+    # the pytest behaviour this guards against: capture handlers on non-propagating loggers
+    return "not logger.propagate" in open(pl.__file__).read()
+
+
+def test_two_tune_tir_runs_in_one_session(pytester):
+    pytester.makepyfile(test_inner=INNER)
+    result = pytester.runpytest_subprocess("-q")  # the plugin is on by default
+    result.assert_outcomes(passed=2)
+
+
+def test_without_the_plugin_the_second_run_crashes(pytester):
+    if not _pytest_attaches_to_non_propagating_loggers():
+        pytest.skip("this pytest does not attach handlers to non-propagating loggers")
+    pytester.makepyfile(test_inner=INNER)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:tvm_ext")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*NoneType*format*"])

@@ -1,0 +1,23 @@
+"""The one tuning stack of tvm_ext: builder, runner, search, database, tasks, report.
+
+Everything that tunes -- ``tvm-ext tune``, the benchmarks, the tests -- goes through
+these modules:
+
+``database``  work dirs and their JSONDatabase (create, reopen, repair, records, best)
+``builder``   LocalBuilder without the per-worker tensor-intrinsic import
+``runner``    local or RPC runner
+``search``    search strategy and the stop callback
+``sampling``  candidates of a design space (what MetaSchedule would measure)
+``driver``    tune a workload task by task; the report of a work dir
+``apply``     compile and run a workload with a database's schedules
+"""
+from tvm_ext.tune.apply import (apply_database, compile_workload, device_for, kernels_of,
+                                make_vm, run_workload, scheduled_mod)
+from tvm_ext.tune.builder import BUILD_TIMEOUT_S, fast_local_builder, make_builder
+from tvm_ext.tune.database import (DB_FILES, META_FILE, DatabaseMismatch, best_record,
+                                   default_work_dir, open_database, prepare_work_dir, read_meta,
+                                   record_seconds, records_of, repair_database, write_meta)
+from tvm_ext.tune.driver import (Task, add_tuning_seconds, extract_tasks, load_tasks, report,
+                                 save_tasks, task_logger, tune)
+from tvm_ext.tune.runner import make_runner
+from tvm_ext.tune.search import TuningInterrupted, search_strategy, stop_callback

@@ -1,0 +1,60 @@
+"""Use a database: the best schedule of a task, a workload compiled with the database's
+schedules, and running it."""
+from __future__ import annotations
+
+import tvm
+
+from tvm_ext.tir_utils import top_level_nests
+from tvm_ext.tune.database import open_database
+
+
+def scheduled_mod(record, mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with the record's trace (postprocessors included) applied."""
+    sch = tvm.s_tir.Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
+
+
+def kernels_of(record, mod: tvm.IRModule) -> int:
+    """Top-level loop nests (llvm) / kernels (cuda) of a record's schedule of ``mod``."""
+    return top_level_nests(scheduled_mod(record, mod)["main"])
+
+
+def apply_database(workload, target, work_dir: str) -> tvm.IRModule:
+    """The workload's fused module with every function found in the database scheduled.
+
+    Applied to the fused module as it is: TVM's ``compile_relax`` re-runs LegalizeOps /
+    AnnotateTIROpPattern / FuseOps first, which adds attributes to the fused PrimFuncs,
+    and then only 2 of ResNet-50's 31 functions still matched their tuned workloads (the
+    rest ran untuned, ~30x slower end to end).
+    """
+    from tvm import relax
+
+    with target, tvm.transform.PassContext(opt_level=3), open_database(work_dir):
+        return relax.transform.MetaScheduleApplyDatabase()(workload.mod)
+
+
+def compile_workload(workload, target, work_dir: str | None):
+    """Build the workload with the database's schedules (TVM's defaults for the rest)."""
+    from tvm import relax
+
+    mod = workload.mod if work_dir is None else apply_database(workload, target, work_dir)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return relax.build(mod, target=target)
+
+
+def device_for(target):
+    return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+
+
+def make_vm(executable, target):
+    from tvm import relax
+
+    return relax.VirtualMachine(executable, device_for(target))
+
+
+def run_workload(vm, workload, target):
+    """Run ``main`` on the workload's inputs; returns the output as NumPy."""
+    dev = device_for(target)
+    args = [tvm.runtime.tensor(x, dev) for x in workload.inputs]
+    return vm["main"](*args).numpy()

@@ -1,0 +1,154 @@
+"""Database-backed tuning of a workload, task by task, resumable and interrupt-safe.
+
+Running again tunes each task only up to its trial budget, so a stopped run resumes
+where it was (the work dir and its database: ``tvm_ext.tune.database``).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_ext.rulesets import space
+from tvm_ext.tune.apply import kernels_of
+from tvm_ext.tune.builder import make_builder
+from tvm_ext.tune.logs import loggers_for
+from tvm_ext.tune.database import (best_record, open_database, prepare_work_dir, read_meta,
+                                   record_seconds, records_of, repair_database, write_meta)
+from tvm_ext.tune.runner import make_runner
+from tvm_ext.tune.search import TuningInterrupted, search_strategy, stop_callback
+
+
+@dataclass
+class Task:
+    name: str
+    weight: int
+    mod: tvm.IRModule
+
+
+def extract_tasks(workload, target) -> list[Task]:
+    """The tunable tasks of a workload's Relax module, largest weight first."""
+    extracted = ms.relax_integration.extract_tasks(workload.mod, target)
+    tasks = [Task(t.task_name, int(t.weight), t.dispatched[0]) for t in extracted]
+    return sorted(tasks, key=lambda t: (-t.weight, t.name))
+
+
+def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
+    """Store every task's module so that reports need not rebuild the workload."""
+    entries = []
+    spent = {e["name"]: e["tuning_s"] for e in meta.get("tasks", []) if "tuning_s" in e}
+    for i, task in enumerate(tasks):
+        file = os.path.join("tasks", f"{i:03d}_{task.name[:80]}.json")
+        path = os.path.join(work_dir, file)
+        if not os.path.isfile(path):
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(tvm.ir.save_json(task.mod))
+            os.replace(path + ".tmp", path)
+        entry = {"name": task.name, "weight": task.weight, "file": file}
+        if task.name in spent:  # kept across resumed runs
+            entry["tuning_s"] = spent[task.name]
+        entries.append(entry)
+    meta["tasks"] = entries
+    write_meta(work_dir, meta)
+
+
+def load_tasks(work_dir: str, meta: dict) -> list[Task]:
+    tasks = []
+    for entry in meta["tasks"]:
+        with open(os.path.join(work_dir, entry["file"]), encoding="utf-8") as f:
+            tasks.append(Task(entry["name"], entry["weight"], tvm.ir.load_json(f.read())))
+    return tasks
+
+
+def task_logger(work_dir: str, task_name: str):
+    """MetaSchedule's per-task log file under ``<work_dir>/logs/`` (search, build errors)."""
+    return loggers_for(work_dir, [task_name])[0]
+
+
+def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
+         log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16,
+         should_stop: Callable[[], bool] = lambda: False) -> dict:
+    """Tune every task of ``workload`` up to ``trials`` records each; resumable.
+
+    ``per_iter`` candidates are measured per search iteration; records reach the database
+    after each iteration, so that is also how much an interruption can lose.
+
+    Returns the report (see ``report``) of the work dir after tuning.
+    """
+    if trials < 1:
+        raise ValueError(f"--trials must be at least 1, not {trials}")
+    meta = prepare_work_dir(work_dir, workload, target, ruleset, log)
+    tasks = extract_tasks(workload, target)
+    save_tasks(work_dir, meta, tasks)
+    runner = runner if runner is not None else make_runner()
+    callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
+    callbacks.append(stop_callback(should_stop))  # after AddToDatabase
+    for i, task in enumerate(tasks, 1):
+        if should_stop():
+            raise TuningInterrupted("tuning stopped on request")
+        database = open_database(work_dir)
+        done = len(records_of(database, task.mod))
+        head = f"[{i}/{len(tasks)}] {task.name} (x{task.weight})"
+        if done >= trials:
+            log(f"{head}: {done}/{trials} trials already in the database")
+            continue
+        log(f"{head}: tuning {trials - done} trials ({done} done)")
+        start = time.time()
+        context = ms.TuneContext(mod=task.mod, target=target, space_generator=space(target, ruleset),
+                                 search_strategy=search_strategy(trials), task_name=task.name,
+                                 rand_state=seed + i, num_threads="physical",
+                                 logger=task_logger(work_dir, task.name)).clone()
+        try:
+            ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=work_dir,
+                          max_trials_global=trials - done, max_trials_per_task=trials - done,
+                          num_trials_per_iter=min(per_iter, trials - done), database=database,
+                          runner=runner, builder=make_builder(), measure_callbacks=callbacks)
+        finally:  # also when stopped: the records it wrote were paid for
+            elapsed = time.time() - start
+            add_tuning_seconds(work_dir, task.name, elapsed)
+        best = best_record(database, task.mod)
+        secs = record_seconds(best) if best is not None else None
+        shown = f"{secs * 1e6:.1f} us" if secs is not None else "no valid run"
+        log(f"{head}: best {shown} after {elapsed:.0f} s")
+    return report(work_dir)
+
+
+def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:
+    """Add wall seconds spent tuning ``task_name`` to the work dir's metadata: what a user
+    pays for the schedules (summed over resumed and interrupted runs; lost on a kill)."""
+    meta = read_meta(work_dir)
+    for entry in meta["tasks"]:
+        if entry["name"] == task_name:
+            entry["tuning_s"] = round(entry.get("tuning_s", 0.0) + seconds, 1)
+    write_meta(work_dir, meta)
+
+
+def report(work_dir: str) -> dict:
+    """Per-task best latency, trials and kernels, plus the weighted end-to-end estimate."""
+    meta = read_meta(work_dir)
+    repair_database(work_dir, log=lambda _: None)
+    database = open_database(work_dir)
+    rows, total, complete = [], 0.0, True
+    tuning_s = {e["name"]: e.get("tuning_s") for e in meta["tasks"]}
+    for task in load_tasks(work_dir, meta):
+        best = best_record(database, task.mod)
+        secs = record_seconds(best) if best is not None else None
+        row = {"name": task.name, "weight": task.weight,
+               "trials": len(records_of(database, task.mod)),
+               "best_us": None if secs is None else secs * 1e6,
+               "kernels": None if best is None else kernels_of(best, task.mod),
+               "tuning_s": tuning_s.get(task.name)}
+        if secs is None:
+            complete = False
+        else:
+            total += task.weight * secs * 1e6
+        rows.append(row)
+    return {"workload": meta["workload"], "options": meta["options"],
+            "target": meta["target"].get("kind"), "target_detail": meta["target"],
+            "ruleset": meta["ruleset"], "tasks": rows,
+            "e2e_us": total if complete and rows else None,
+            "tuning_s": sum(t["tuning_s"] or 0.0 for t in rows)}
