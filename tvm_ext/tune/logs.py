@@ -10,6 +10,10 @@ after the first tuning run that logger is non-propagating: the second tuning run
 pytest process crashes. ``unnamed_handlers_detached`` takes such handlers off for the
 duration of the call and puts them back afterwards (dictConfig replaces the logger's
 handlers, so they would otherwise be lost too).
+
+Quiet by default: TVM's console handler takes its level from the MetaSchedule logger's
+level at the time the loggers are made, so ``loggers_for(..., verbose=False)`` sets that
+to WARNING first; everything (DEBUG included) still goes to ``<work_dir>/logs/``.
 """
 from __future__ import annotations
 
@@ -34,10 +38,14 @@ def unnamed_handlers_detached(name: str = MS_LOGGER):
                 logger.addHandler(handler)
 
 
-def loggers_for(work_dir: str, task_names: list[str]) -> list[logging.Logger]:
-    """MetaSchedule's per-task loggers writing to ``<work_dir>/logs/`` (safe to call again)."""
+def loggers_for(work_dir: str, task_names: list[str], verbose: bool = False) -> list[logging.Logger]:
+    """MetaSchedule's per-task loggers writing to ``<work_dir>/logs/`` (safe to call again).
+
+    The console shows TVM's warnings and errors only, unless ``verbose`` (then its INFO too).
+    """
     from tvm.s_tir import meta_schedule as ms
 
+    logging.getLogger(MS_LOGGER).setLevel(logging.INFO if verbose else logging.WARNING)
     with unnamed_handlers_detached():
         return ms.logging.get_loggers_from_work_dir(work_dir, task_names)
 
