@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tvm
 
+from tvm_ext.arrays import random_arrays
 from tvm_ext.check import equivalence as eq
 from tvm_ext.targets import resolve_target
 
@@ -78,7 +79,7 @@ def test_runner_gives_up_on_a_slow_candidate_and_recovers(target):
     next one gets a fresh worker and the same outputs as a build in this process."""
     func = CORPUS["dense_int8"].build(np.random.RandomState(0))
     mod = tvm.IRModule({"main": func})
-    arrays = eq.random_inputs(func, np.random.RandomState(1), {})
+    arrays = random_arrays(func, 1)
     with eq.CandidateRunner(timeout=0.01) as runner:  # a worker cannot even import TVM in 10 ms
         with pytest.raises(eq.BuildTimeout):
             runner.run(mod, target, arrays)
@@ -118,3 +119,47 @@ def test_check_rules_command_writes_json_and_exits_by_result(tmp_path, monkeypat
                      "--failure-dir", str(tmp_path)]) == 1
     case = json.loads(bad.read_text())["cases"][0]
     assert not case["ok"] and "max abs error" in case["message"] and case["failure_file"].startswith(str(tmp_path))
+
+
+def _func(*params):
+    from tvm import te
+
+    args = [te.placeholder(shape, dtype, name=name) for name, dtype, shape in params]
+    out = te.compute((4,), lambda i: args[0][i].astype("float32"), name="out")
+    return te.create_prim_func(args + [out])
+
+
+def test_random_arrays_ranges_by_name_then_dtype_then_default():
+    func = _func(("x", "uint8", (64,)), ("mult", "int32", (64,)), ("shift", "int32", (64,)),
+                 ("w", "int8", (64,)), ("flag", "bool", (64,)))
+    x, mult, shift, w, flag, out = random_arrays(func, 0, {"mult": (1 << 30, (1 << 31) - 1), "int32": (-3, -1)})
+    assert [a.dtype.name for a in (x, mult, shift, w, flag, out)] == ["uint8", "int32", "int32", "int8", "bool", "float32"]
+    assert mult.min() >= 1 << 30  # by name
+    assert shift.min() >= -3 and shift.max() <= -1  # by dtype
+    assert w.min() >= -8 and w.max() <= 8 and w.min() < 0  # signed default
+    assert out.min() >= -1 and out.max() <= 1
+    assert set(np.unique(flag)) <= {False, True}
+    # the same seed draws the same arrays
+    for a, b in zip(random_arrays(func, 0, {"mult": (1 << 30, (1 << 31) - 1), "int32": (-3, -1)}), (x, mult, shift, w, flag, out)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_random_arrays_clips_to_the_dtype_and_rejects_empty_ranges():
+    func = _func(("x", "uint8", (256,)), ("y", "int8", (256,)))
+    x, y, _ = random_arrays(func, np.random.default_rng(3), int_range=(-1000, 1000))
+    assert x.min() >= 0 and x.max() > 200  # -1000..1000 clipped to 0..255
+    assert y.min() < -100 and y.max() > 100
+    with pytest.raises(ValueError, match="empty range"):
+        random_arrays(func, 0, {"x": (300, 400)})
+
+
+def test_random_arrays_rejects_a_scalar_parameter():
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def scaled(a: T.Buffer((4,), "float32"), n: T.int32):
+        for i in range(4):
+            a[i] = a[i] * T.Cast("float32", n)
+
+    with pytest.raises(ValueError, match="'n' is a scalar"):
+        random_arrays(scaled, 0)

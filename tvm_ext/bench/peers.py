@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from tvm_ext import tune as tuning
+from tvm_ext.arrays import random_arrays
 
 PEERS = ("ort",)
 
@@ -102,22 +103,6 @@ def shape_label(shape: dict) -> str:
             f"k{shape['k']}s{shape['stride']}")
 
 
-def _random_args(func, dev, rng):
-    import tvm
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    args = []
-    for info in ArgInfo.from_prim_func(func):
-        dtype, shape = str(info.dtype), [int(d) for d in info.shape]
-        if dtype.startswith(("int", "uint")):
-            lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
-            value = rng.integers(max(lo, -100), min(hi, 100) + 1, shape).astype(dtype)
-        else:
-            value = rng.standard_normal(shape).astype(dtype)
-        args.append(tvm.runtime.tensor(value, dev))
-    return args
-
-
 def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print) -> list[dict]:
     """Per conv task of the database at ``work_dir``: TVM (best record) vs ORT microseconds,
     medians of ``rounds`` calls each, the two alternating."""
@@ -138,7 +123,7 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print)
         if shape is None or record is None or tuning.record_seconds(record) is None:
             continue
         lib = tvm.compile(tuning.scheduled_mod(record, task.mod), target=target)
-        args = _random_args(task.mod["main"], dev, rng)
+        args = [tvm.runtime.tensor(a, dev) for a in random_arrays(task.mod["main"], rng, int_range=(-100, 100))]
         model, x = onnx_export.ort_conv_model(shape)
         sess = onnx_export.ort_session(model, threads)
         feed = {"x": x}

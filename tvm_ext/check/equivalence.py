@@ -39,6 +39,8 @@ import numpy as np
 import tvm
 from tvm import te, tirx, topi
 
+from tvm_ext.arrays import param_buffers, random_arrays
+
 DEFAULT_FAILURE_DIR = os.environ.get(
     "TVM_EXT_EQUIV_DIR", os.path.join(tempfile.gettempdir(), "tvm_ext_equivalence"))
 
@@ -362,33 +364,6 @@ FAST = ("qnn_conv3x3_requantize_seed", "dense_int8", "softmax", "q_multiply_shif
 
 
 # --------------------------------------------------------------------------- running
-def _param_names(func) -> list:
-    return [str(p.name) for p in func.params]
-
-
-def random_inputs(func: tirx.PrimFunc, rng: np.random.RandomState, int_ranges: dict) -> list:
-    """NumPy arrays for every parameter of ``func`` (outputs too; they are overwritten)."""
-    from tvm.s_tir import meta_schedule as ms
-
-    infos = ms.arg_info.ArgInfo.from_prim_func(func)
-    arrays = []
-    for name, info in zip(_param_names(func), infos):
-        shape = [int(s) for s in info.shape]
-        dtype = str(info.dtype)
-        if name in int_ranges:
-            lo, hi = int_ranges[name]
-            arrays.append(rng.randint(lo, hi + 1, size=shape, dtype="int64").astype(dtype))
-        elif dtype.startswith("float"):
-            arrays.append(rng.uniform(-1, 1, size=shape).astype(dtype))
-        elif dtype == "bool":
-            arrays.append(rng.randint(0, 2, size=shape).astype(dtype))
-        elif dtype.startswith("uint"):
-            arrays.append(rng.randint(0, 16 if "32" in dtype else 256, size=shape).astype(dtype))
-        else:  # small signed values: sums of products stay far from overflow
-            arrays.append(rng.randint(-8, 9, size=shape).astype(dtype))
-    return arrays
-
-
 def run_mod(mod: tvm.IRModule, target, arrays: list) -> list:
     """Build ``mod`` for ``target``, run ``main`` on copies of ``arrays``, return all buffers."""
     with tvm.transform.PassContext(opt_level=3):
@@ -531,8 +506,8 @@ def check_case(case: Case, target, candidates: int = 2, seed: int = 0, *, space=
     try:
         func = case.build(rng)
         mod = tvm.IRModule({"main": func})
-        arrays = random_inputs(func, rng, case.int_ranges)
-        names = _param_names(func)
+        arrays = random_arrays(func, np.random.default_rng(case_seed), case.int_ranges)
+        names = [name for name, _, _ in param_buffers(func)]
         expected = run_mod(mod, target, arrays)
         space = space or tvm_ext.space(target)
         schs = sample_candidates(mod, target, space, candidates, seed=case_seed, postprocs=list(space.postprocs))
@@ -582,4 +557,4 @@ def run_corpus(cases: list, target, candidates: int = 2, seed: int = 0, failure_
     return results
 
 
-__all__ = ["BuildTimeout", "Case", "CaseResult", "CandidateRunner", "FAST", "check_case", "corpus", "describe", "random_inputs", "run_corpus"]
+__all__ = ["BuildTimeout", "Case", "CaseResult", "CandidateRunner", "FAST", "check_case", "corpus", "describe", "run_corpus"]
