@@ -10,9 +10,12 @@ these modules:
 ``sampling``  candidates of a design space (what MetaSchedule would measure)
 ``driver``    tune a workload task by task; the report of a work dir
 ``apply``     compile and run a workload with a database's schedules
+``best``      the best schedules of a database for a user's own TIR module, compiled
+``logs``      MetaSchedule's loggers, quiet and safe to create again (pytest >= 9.2)
 """
 from tvm_ext.tune.apply import (apply_database, compile_workload, device_for, kernels_of,
                                 make_vm, run_workload, scheduled_mod)
+from tvm_ext.tune.best import NoTuningRecord, best_module, compile_best
 from tvm_ext.tune.builder import BUILD_TIMEOUT_S, fast_local_builder, make_builder
 from tvm_ext.tune.database import (DB_FILES, META_FILE, DatabaseMismatch, best_record,
                                    default_work_dir, open_database, prepare_work_dir, read_meta,
