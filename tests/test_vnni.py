@@ -19,6 +19,8 @@ from tvm_ext.tune.builder import fast_local_builder
 from tvm_ext.targets import _cpuinfo
 from tvm_ext.workloads import qnn_vnni as Q
 
+import qnn_cases as C
+
 AVX512 = {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}
 AVXVNNI = {"kind": "llvm", "mcpu": "alderlake", "num-cores": 2}
 _FLAGS = _cpuinfo().get("flags", set())
@@ -49,25 +51,6 @@ def _asm(lib):
     return lib.mod.inspect_source("asm")
 
 
-def test_q_multiply_shift_reference_matches_tvm():
-    n = 2048
-    rng = np.random.default_rng(1)
-    x = rng.integers(-(2**24), 2**24, n).astype("int32")
-    x[:6] = [-5, -4, -3, 3, 4, 5]
-    m = rng.integers(2**30, 2**31 - 1, n).astype("int32")
-    m[:6] = 2**30
-    rs = rng.integers(0, 20, n).astype("int32")
-    rs[:6] = 2
-    X, M, R = (te.placeholder((n,), "int32", name=s) for s in "xmr")
-    Y = te.compute((n,), lambda i: tirx.q_multiply_shift_per_axis(
-        X[i], M[i], tirx.const(0, "int32"), R[i], tirx.const(31, "int32"),
-        tirx.const(False, "bool"), tirx.const(True, "bool")))
-    f = tvm.compile(te.create_prim_func([X, M, R, Y]), target="llvm")
-    out = tvm.runtime.tensor(np.zeros(n, "int32"))
-    f(*(tvm.runtime.tensor(a) for a in (x, m, rs)), out)
-    np.testing.assert_array_equal(out.numpy(), Q.q_multiply_shift_per_axis_ref(x, m, rs))
-
-
 def test_packing_roundtrip_and_reference_in_range():
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (1, 5, 6, 3)).astype(np.uint8)
@@ -79,9 +62,17 @@ def test_packing_roundtrip_and_reference_in_range():
     assert wp.shape == (2, 2, 3, 3, 4, 16, 4)
     # element (o, kh, kw, i) lands at [o//16, i//16, kh, kw, (i%16)//4, o%16, i%4]
     assert wp[1, 1, 2, 0, 3, 5, 2] == w[16 + 5, 2, 0, 16 + 3 * 4 + 2]
-    ref = Q.conv2d_case().reference()
+    ref = C.conv2d_case().reference()
     clipped = np.mean((ref == 0) | (ref == 255))
     assert clipped < 0.2 and ref.std() > 10  # activations neither saturated nor constant
+
+
+@pytest.mark.parametrize("make", [C.conv2d_case, C.dense_case], ids=["conv", "dense"])
+def test_case_reference_equals_the_unscheduled_kernel(make):
+    """The fixtures' NumPy reference is what the kernel computes before any schedule
+    (on every host: plain llvm), so the bit-exact VNNI tests compare with the truth."""
+    case = make()
+    np.testing.assert_array_equal(C.run_case(case, tvm.compile(case.mod, target="llvm")), case.reference())
 
 
 def test_rules_only_on_vnni_targets():
@@ -102,7 +93,7 @@ def test_rules_only_on_vnni_targets():
     assert pnames.index("RewriteTensorize") == pnames.index("RewriteReductionBlock") + 1
 
 
-@pytest.mark.parametrize("make", [Q.conv2d_case, Q.dense_case], ids=["conv", "dense"])
+@pytest.mark.parametrize("make", [C.conv2d_case, C.dense_case], ids=["conv", "dense"])
 def test_every_sketch_tensorized_and_epilogue_fused(make):
     case = make()
     _, sketches = _space(case, AVX512)
@@ -153,12 +144,12 @@ def test_plain_dense_weight_is_left_to_plain_tiling():
     ctx = ms.TuneContext(mod=mod, target=target, space_generator=R.vnni_space(target), task_name="plain_dense")
     sketches = ctx.generate_design_space()
     assert sketches and all("auto_tensorize" not in s.mod.script() for s in sketches)
-    for make, name in ((Q.conv2d_case, "conv2d_nchwc_int8"), (Q.dense_case, "dense_int8")):
+    for make, name in ((C.conv2d_case, "conv2d_nchwc_int8"), (C.dense_case, "dense_int8")):
         packed = tvm.s_tir.Schedule(make().mod)
         assert V.operands_packed(packed.get(packed.get_sblock(name))), name
 
 
-@pytest.mark.parametrize("make", [Q.conv2d_case, Q.dense_case], ids=["conv", "dense"])
+@pytest.mark.parametrize("make", [C.conv2d_case, C.dense_case], ids=["conv", "dense"])
 def test_avx512_vnni_bit_exact_and_vpdpbusd(make):
     case = make()
     sch = _scheduled(case, AVX512)
@@ -168,11 +159,11 @@ def test_avx512_vnni_bit_exact_and_vpdpbusd(make):
     assert "vpdpbusd" in _asm(lib) and "zmm" in _asm(lib)
     if not HOST_AVX512_VNNI:
         pytest.skip("host has no AVX-512 VNNI: compiled, not run")
-    np.testing.assert_array_equal(Q.run_case(case, lib), case.reference())
+    np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
 
 def test_avx_vnni_bit_exact_and_vex_vpdpbusd():
-    case = Q.conv2d_case(h=9, w=9, c_in=3, c_out=16, stride=2, seed=3)  # stem-like, cb=4
+    case = C.conv2d_case(h=9, w=9, c_in=3, c_out=16, stride=2, seed=3)  # stem-like, cb=4
     sch = _scheduled(case, AVXVNNI)
     assert f'tensor_intrin="{I.AVX_VNNI_INTRIN}"' in str(sch.trace)
     lib = tvm.compile(sch.mod, target=tvm.target.Target(AVXVNNI))
@@ -180,11 +171,11 @@ def test_avx_vnni_bit_exact_and_vex_vpdpbusd():
     assert "{vex}" in asm and "vpdpbusd" in asm and "zmm" not in asm
     if not HOST_AVX_VNNI:
         pytest.skip("host has no AVX-VNNI: compiled, not run")
-    np.testing.assert_array_equal(Q.run_case(case, lib), case.reference())
+    np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [Q.conv2d_case, Q.dense_case], ids=["conv", "dense"])
+@pytest.mark.parametrize("make", [C.conv2d_case, C.dense_case], ids=["conv", "dense"])
 def test_tuned_with_rule_bit_exact(make):
     if not HOST_AVX512_VNNI:
         pytest.skip("host has no AVX-512 VNNI")
@@ -199,7 +190,7 @@ def test_tuned_with_rule_bit_exact(make):
     assert f'tensor_intrin="{I.AVX512_VNNI_INTRIN}"' in str(sch.trace)
     lib = tvm.compile(sch.mod, target=target)
     assert "vpdpbusd" in _asm(lib)
-    np.testing.assert_array_equal(Q.run_case(case, lib), case.reference())
+    np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
 
 def test_database_with_tensorized_records_opens_in_a_fresh_process(tmp_path):
@@ -209,7 +200,7 @@ def test_database_with_tensorized_records_opens_in_a_fresh_process(tmp_path):
     import subprocess
     import sys
 
-    case = Q.dense_case()
+    case = C.dense_case()
     sch = _scheduled(case, AVX512)
     target = tvm.target.Target(AVX512)
     db = ms.database.JSONDatabase(work_dir=str(tmp_path), module_equality="structural")

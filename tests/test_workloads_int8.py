@@ -60,6 +60,43 @@ def test_q_multiply_shift_per_axis_rounding_matches_tvm():
     np.testing.assert_array_equal(tensors[-1].numpy(), expected)
 
 
+def test_requantize_reference_matches_tvm_where_int32_overflows():
+    """qnn.requantize compiled by TVM against qnn_reference.requantize, bit for bit, on
+    accumulators at the int32 limits: ``acc - zp_corr + bias`` wraps (a plain int64
+    reference differs there in ~7% of random draws), ``qmsa(.) + zp_out`` followed by
+    the clip does not (an int32 reference gives 0 where TVM gives 255); also the
+    rounding ties of the fixed-point multiply."""
+    rng = np.random.default_rng(0)
+    n = 4096
+    acc = rng.integers(-(2**31), 2**31, n).astype("int32")
+    acc[:64] = 2**31 - rng.integers(1, 50, 64)  # qmsa(acc) + zp_out overflows
+    acc[64:128] = -(2**31) + rng.integers(0, 20, 64)  # acc - zp_corr wraps
+    acc[128:134] = [-5, -4, -3, 3, 4, 5]  # ties: x * 2**30 / 2**33
+    zp_corr = (rng.integers(-(2**31), 2**31, n) // rng.choice([1, 1000, 2**20], n)).astype("int32")
+    zp_corr[:64] = rng.integers(0, 20, 64)
+    zp_corr[64:128] = rng.integers(100, 200, 64)
+    zp_corr[128:134] = 0
+    bias = rng.integers(-5000, 5000, n).astype("int32")
+    bias[:134] = 0
+    mult = rng.choice([2**30, 3 * 2**29, 2**31 - 1], n).astype("int32")
+    mult[:128], mult[128:134] = 2**31 - 1, 2**30
+    rshift = rng.integers(0, 3, n).astype("int32")
+    rshift[:134] = 0
+    rshift[128:134] = 2
+    lshift = np.zeros(n, "int32")
+    zp_out = 100
+    args = [acc, zp_corr, bias, mult, lshift, rshift]
+    tensors = [te.placeholder((n,), "int32", name=f"p{i}") for i in range(len(args))]
+    out = qnn.requantize(*tensors, zp_out=zp_out)
+    lib = tvm.compile(te.create_prim_func([*tensors, out]), target=LLVM)
+    got = tvm.runtime.tensor(np.zeros(n, "uint8"))
+    lib(*(tvm.runtime.tensor(a) for a in args), got)
+    expected = qnn_reference.requantize(*args, zp_out=zp_out)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert (expected[:64] == 255).all() and (expected[64:128] == 255).all()  # the edges were reached
+    np.testing.assert_array_equal(expected[128:134], [99, 100, 100, 100, 101, 101])  # x/8, half up
+
+
 def test_seed_conv_primfunc_matches_reference():
     func = conv2d_int8.seed_conv_primfunc(image=6, channels=8, out_channels=16)
     assert _const_scalar_blocks(func) == ["compile_engine_const"]

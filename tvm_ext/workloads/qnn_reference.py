@@ -58,9 +58,15 @@ def dense(data, weight):
 
 
 def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out):
-    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, 0, 255)`` as uint8."""
-    x = acc.astype(np.int32) - zp_corr + bias
-    y = q_multiply_shift_per_axis(x, mult, lshift, rshift) + np.int32(zp_out)
+    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, 0, 255)`` as uint8.
+
+    Matches what TVM's compiled epilogue does where int32 overflows (measured in
+    tests/test_workloads_int8.py): ``acc - zp_corr + bias`` wraps in int32 before the
+    multiply, but ``+ zp_out`` followed by the clip saturates (LLVM folds the clip
+    into the signed add), so it is done here in int64.
+    """
+    x = np.asarray(acc).astype(np.int32) - np.asarray(zp_corr, np.int32) + np.asarray(bias, np.int32)
+    y = q_multiply_shift_per_axis(x, mult, lshift, rshift).astype(np.int64) + int(zp_out)
     return np.clip(y, 0, 255).astype(np.uint8)
 
 
