@@ -28,7 +28,18 @@ def test_resnet50_int8_ort_within_one_step_per_layer():
     assert all(layers[n]["max_step"] == 0 for n in names[:stop])
     if first:
         assert layers[first]["max_step"] == 1 and layers[first]["frac_differ"] < 0.01
-    assert 0 <= r["final"]["frac_differ"] <= 1 and r["final"]["max_step"] <= 255
+    final = r["final"]
+    assert (final["max_step"] == 0) == (final["frac_differ"] == 0)
+    if not first:  # every layer exact: so is the output
+        assert final["max_step"] == 0
+
+
+def test_diff_steps_counts_uint8_steps_both_ways():
+    a = np.array([[0, 255, 10, 10]], np.uint8)
+    b = np.array([[1, 250, 10, 10]], np.uint8)  # no uint8 wrap-around: 255 vs 250 is 5 steps
+    assert OE.diff_steps(a, b) == {"max_step": 5, "frac_differ": 0.5}
+    assert OE.diff_steps(b, a) == {"max_step": 5, "frac_differ": 0.5}
+    assert OE.diff_steps(a, a) == {"max_step": 0, "frac_differ": 0.0}
 
 
 @pytest.mark.parametrize("weights", ["uint8", OE.exact_weights_for_host()])

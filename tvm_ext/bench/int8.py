@@ -6,28 +6,9 @@ once, in rotating order, and the median per network over the rounds is reported.
 """
 from __future__ import annotations
 
-import json
-import os
-import statistics
-import time
-
 from tvm_ext import tune as tuning
-
-
-def time_interleaved(callables: dict, rounds: int, warmup: int = 1) -> dict:
-    """Median seconds per call of each callable, calls interleaved round by round."""
-    names = list(callables)
-    for _ in range(warmup):
-        for name in names:
-            callables[name]()
-    samples = {name: [] for name in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            start = time.perf_counter()
-            callables[name]()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+from tvm_ext.bench.timing import time_interleaved
+from tvm_ext.jsonio import write_json
 
 
 def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds: int,
@@ -100,9 +81,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     if per_layer is not None:
         result["per_layer"] = per_layer
     if out_json:
-        os.makedirs(os.path.dirname(out_json) or ".", exist_ok=True)
-        with open(out_json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_json(out_json, result)
         log(f"wrote {out_json}")
     return result
 
@@ -117,28 +96,3 @@ def peer_module():
     from tvm_ext.bench import peers  # needs onnx / onnxruntime only when a peer is asked for
 
     return peers
-
-
-def _trials_text(result: dict) -> str:
-    counts = sorted({r["min_trials"] for r in result["rows"] if r.get("min_trials") is not None})
-    return f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(result["trials_per_task"])
-
-
-def format_table(result: dict) -> str:
-    lines = [f"{result['workload']} {result['options']} on {result['target']}, "
-             f"{_trials_text(result)} trials per task, median of {result['rounds']} "
-             "interleaved rounds",
-             f"{'ruleset':<22} {'e2e ms':>9} {'vs plugin':>9} {'est. ms':>9}  exact"]
-    for row in result["rows"]:
-        est = row.get("e2e_estimate_ms")
-        est = "-" if est is None else f"{est:.3f}"
-        exact = "yes" if row["exact_match"] else "NO"
-        if "max_step" in row:  # a peer: rounds differently, say by how much
-            exact = f"no: <= {row['max_step']} steps in {100 * row['frac_differ']:.1f}%"
-        lines.append(f"{row['ruleset']:<22} {row['e2e_ms']:>9.3f} {row['ratio_to_plugin']:>9.2f} "
-                     f"{est:>9}  {exact}")
-    if "per_layer" in result:
-        lines += ["", f"per conv task ({result['per_layer'][0]['ruleset'] if result['per_layer'] else '-'} "
-                      "database) vs one ORT QLinearConv, same threads:",
-                  peer_module().format_layers(result["per_layer"])]
-    return "\n".join(lines)

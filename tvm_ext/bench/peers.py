@@ -18,6 +18,7 @@ import numpy as np
 
 from tvm_ext import tune as tuning
 from tvm_ext.arrays import random_arrays
+from tvm_ext.bench.timing import time_interleaved
 
 PEERS = ("ort",)
 
@@ -109,7 +110,6 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print)
     import tvm
 
     from tvm_ext.bench import onnx_export
-    from tvm_ext.bench.int8 import time_interleaved
 
     meta = tuning.read_meta(work_dir)
     database = tuning.open_database(work_dir)
@@ -135,16 +135,3 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print)
             f"tvm {row['tvm_us']:.0f} us, ort {row['ort_us']:.0f} us")
         rows.append(row)
     return rows
-
-
-def format_layers(rows: list[dict]) -> str:
-    lines = [f"{'conv shape':<28} {'epilogue':<15} {'x':>2} {'tvm us':>9} {'ort us':>9} {'tvm/ort':>7}"]
-    for r in rows:
-        lines.append(f"{r['shape']:<28} {r['epilogue']:<15} {r['count']:>2} {r['tvm_us']:>9.0f} "
-                     f"{r['ort_us']:>9.0f} {r['tvm_us'] / r['ort_us']:>7.2f}")
-    tvm_total = sum(r["tvm_us"] * r["count"] for r in rows)
-    ort_total = sum(r["ort_us"] * r["count"] for r in rows)
-    if rows:
-        lines.append(f"{'weighted sum':<28} {'':<15} {'':>2} {tvm_total:>9.0f} {ort_total:>9.0f} "
-                     f"{tvm_total / ort_total:>7.2f}")
-    return "\n".join(lines)

@@ -23,7 +23,6 @@ FUSION_JSON = "tuning_logs/fusion-resnet50-int8-cuda.json"
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -31,6 +30,8 @@ from collections import Counter
 from typing import Callable, Optional, Union
 
 import numpy as np
+
+from tvm_ext.jsonio import write_json
 
 FUSION_JSON = os.path.join("tuning_logs", "fusion-resnet50-int8-cuda.json")
 FUSION_RULESETS = ("plugin", "no-inline-const")
@@ -234,19 +235,8 @@ def fusion_evidence(arch: str = "sm_80", image: int = 224, out_json: str = FUSIO
         "rows": rows,
     }
     if out_json:
-        os.makedirs(os.path.dirname(out_json) or ".", exist_ok=True)
-        with open(out_json, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
-            f.write("\n")
+        write_json(out_json, doc)
     return doc
 
 
-def format_fusion(doc: dict) -> str:
-    """The fusion rows as a markdown table."""
-    lines = [f"| task | plugin kernels | no-inline-const kernels |", "|---|---:|---:|"]
-    for r in doc["rows"]:
-        lines.append(f"| {r['task']} | {r['plugin_kernels']} | {r['no_inline_const_kernels']} |")
-    return "\n".join(lines)
-
-
-__all__ = ["FUSION_JSON", "build_only", "format_fusion", "fusion_evidence"]
+__all__ = ["FUSION_JSON", "build_only", "fusion_evidence"]

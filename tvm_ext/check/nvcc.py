@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Optional
 
+from tvm_ext.jsonio import write_json  # stdlib only
+
 # Flags TVM's own nvcc path passes; the half/bfloat operator macros matter for fp16 kernels.
 NVCC_FLAGS = (
     "-O3",
@@ -302,12 +304,7 @@ class DiskCache:
     def put(self, key: str, result: tuple[bool, str]) -> None:
         if result[1].startswith("nvcc timed out"):
             return
-        path = self._path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"ok": result[0], "error": result[1]}, f)
-        os.replace(tmp, path)
+        write_json(self._path(key), {"ok": result[0], "error": result[1]}, indent=None)
 
 
 @dataclass

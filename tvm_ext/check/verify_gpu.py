@@ -24,13 +24,11 @@ workload_tasks(name, target, **options) -> list[(task_name, weight, IRModule)]
 select_tasks(tasks, spec) -> list               "all", "N" (N spread over the list) or "i,j,k" / names
 verify_task(name, mod, target, samples, ...) -> TaskRun   (call .result() for the dict)
 run(workload, samples=100, arch="sm_80", ...) -> dict     the JSON document (out=: written per task)
-format_table(doc) -> str                                  the text table
-REASON_NOTES                                    why each rejection reason is (or is not) a run-time failure
+The document's pieces (cells, reason notes, totals, resume, merge of several runs)
+are in ``verify_gpu_doc``; the text table in ``tvm_ext.cli.verify_gpu``.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 import traceback
@@ -40,35 +38,11 @@ from typing import Callable, Optional
 
 from tvm_ext.jsonio import write_json
 from tvm_ext.check.nvcc import DEFAULT_BATCH  # stdlib only: the CLI stays light
+from tvm_ext.check.verify_gpu_doc import CELLS, reason_notes, resumed, total_of
 
 WORKLOADS = ("conv2d-int8", "resnet50-int8", "phi2-decode", "phi2-prefill")
 ARCHS = ("sm_75", "sm_80", "sm_90")
-CELLS = ("accepted_compiles", "accepted_fails", "rejected_compiles", "rejected_fails")
 
-# What a rejection reason means when nvcc compiles the candidate anyway.
-REASON_NOTES = {
-    "threads_per_block": "run time: a launch with more than max_threads_per_block threads fails "
-                         "(cudaErrorInvalidConfiguration / launch-bounds mismatch)",
-    "shared_memory": "run time: more shared memory than the per-block limit fails to launch "
-                     "(ptxas only catches static allocations over 48 KiB)",
-    "vthread": "policy: at most 8 as the product of vthread extents of the scheduled loops (a "
-               "register-pressure heuristic); the built-in's max_vthread=8 looks after InjectVirtualThread "
-               "removed them; compiles and runs",
-    "thread_extent_annotation": "policy, shared with TVM's built-in: the sketch's "
-                                "meta_schedule.thread_extent_{low,high}_inclusive bounds "
-                                "(e.g. at least a warp); compiles and runs",
-    "vector_width:load": "codegen: vectors over 16 bytes have no CUDA type",
-    "vector_width:store": "codegen: vectors over 16 bytes have no CUDA type",
-    "vector_width:cast": "codegen: vectors over 16 bytes have no CUDA type (e.g. int64x4 from "
-                         "q_multiply_shift after LowerIntrin)",
-    "vector_width:broadcast": "codegen: a broadcast over 16 bytes, or of 8/16-bit integers over 4 lanes, "
-                              "is written as make_*4 with one argument per lane, which nvcc rejects",
-    "lowering_failed": "TVM's GPU lowering raised",
-    "build_pipeline_failed": "codegen: tvm.compile's own lowering raises (e.g. LowerThreadAllreduce "
-                             "on a cross-thread reduction that UnrollLoop copied)",
-}
-RUNTIME_REASONS = ("threads_per_block", "shared_memory")
-POLICY_REASONS = ("vthread", "thread_extent_annotation")
 MAX_EXAMPLES = 5
 # Tasks sampled but not yet through nvcc: enough to keep nvcc busy while the next
 # task samples; few enough that tasks finish (and are written to --out) in order.
@@ -361,7 +335,7 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
         "tasks_total": len(all_tasks),
         "options": {k: v for k, v in {"image": image, "config": config, "tasks": tasks}.items() if v is not None},
     }
-    results = _resumed(out, head) if resume else {}
+    results = resumed(out, head) if resume else {}
     index = {name: i for i, (name, _w, _m) in enumerate(all_tasks)}
     todo = [t for t in chosen if t[0] not in results]
     progress(f"verify-gpu {workload}: {len(chosen)} of {len(all_tasks)} tasks"
@@ -370,14 +344,14 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
 
     def document(pool, complete: bool) -> dict:
         done = [results[name] for name, _w, _m in chosen if name in results]
-        total = _total(done)
+        total = total_of(done)
         return {
             **head,
             "tasks_checked": len(done),
             "complete": complete,
             "total": total,
             "tasks": done,
-            "reason_notes": {r: REASON_NOTES.get(r, "") for r in total["reasons"]},
+            "reason_notes": reason_notes(total),
             "nvcc": {"batch": batch, **pool.summary()},
             "seconds": round(time.time() - start, 1),
         }
@@ -416,111 +390,4 @@ def run(workload: str, samples: int = 100, arch: str = "sm_80", *, tasks: Option
     return doc
 
 
-def _resumed(out: Optional[str], head: dict) -> dict:
-    """Finished tasks (by name) of an earlier run of the same settings written to ``out``."""
-    if not out or not os.path.exists(out):
-        return {}
-    with open(out, encoding="utf-8") as f:
-        prev = json.load(f)
-    same = ("workload", "arch", "samples_per_task", "seed")
-    differ = [k for k in same if prev.get(k) != head[k]]
-    for k in ("image", "config"):
-        if prev.get("options", {}).get(k) != head["options"].get(k):
-            differ.append(k)
-    if differ:
-        raise ValueError(f"--resume: {out} is a run with other settings ({', '.join(differ)}); "
-                         "choose another --out or the same settings")
-    return {t["task"]: t for t in prev["tasks"]}
-
-
-def _total(results: list) -> dict:
-    total = {c: sum(r[c] for r in results) for c in CELLS}
-    n = sum(r["samples"] for r in results)
-    agree = sum(r["agree_with_builtin"] for r in results)
-    reasons, rc, dis, bcells = Counter(), Counter(), Counter(), Counter({c: 0 for c in CELLS})
-    for r in results:
-        reasons.update(r["reasons"])
-        rc.update(r["rejected_compiles_reasons"])
-        dis.update(r["disagreements"])
-        bcells.update(r["builtin"])
-    return {
-        "samples": n,
-        **total,
-        "agree_with_builtin": agree,
-        "agreement": round(agree / n, 4) if n else None,
-        "reasons": dict(reasons.most_common()),
-        "rejected_compiles_reasons": dict(rc.most_common()),
-        "builtin": dict(bcells),
-        "disagreements": dict(dis.most_common()),
-    }
-
-
-def merge(docs: list) -> dict:
-    """One document over several workloads' runs (for tuning_logs/verify-gpu.json).
-
-    A document may itself be merged (the committed file), so runs can be added to it;
-    a task checked twice (same workload and name) is an error, not double-counted."""
-    if not docs:
-        raise ValueError("nothing to merge")
-    arch = {d["arch"] for d in docs}
-    if len(arch) != 1:
-        raise ValueError(f"runs for different archs: {sorted(arch)}")
-    tasks, workloads = [], []
-    for d in docs:
-        if "workloads" in d:  # already merged
-            tasks.extend(d["tasks"])
-            workloads.extend(d["workloads"])
-            continue
-        tasks.extend({"workload": d["workload"], **t} for t in d["tasks"])
-        workloads.append({k: d[k] for k in ("workload", "tasks_total", "tasks_checked", "options", "seconds")})
-    seen = Counter((t["workload"], t["task"]) for t in tasks)
-    twice = [f"{w}:{n}" for (w, n), c in seen.items() if c > 1]
-    if twice:
-        raise ValueError(f"tasks in more than one document: {', '.join(twice)}")
-    total = _total(tasks)
-    return {
-        "arch": docs[0]["arch"],
-        "samples_per_task": min(d["samples_per_task"] for d in docs),
-        "workloads": workloads,
-        "total": total,
-        "tasks": tasks,
-        "reason_notes": {r: REASON_NOTES.get(r, "") for r in total["reasons"]},
-    }
-
-
-# --------------------------------------------------------------------------- text
-def format_table(doc: dict) -> str:
-    """The confusion matrix per task and in total, reasons and agreement, as text."""
-    head = f"{'task':<44} {'n':>4} {'acc+ok':>7} {'acc+FAIL':>8} {'rej+ok':>7} {'rej+fail':>8} {'agree':>7}"
-    lines = [f"verify-gpu {doc.get('workload', '(merged)')}  arch {doc['arch']}  "
-             f"{doc['samples_per_task']} samples per task", head, "-" * len(head)]
-
-    def row(name, r):
-        agree = f"{100 * r['agreement']:.1f}%" if r.get("agreement") is not None else "-"
-        return (f"{name[:44]:<44} {r['samples']:>4} {r['accepted_compiles']:>7} {r['accepted_fails']:>8} "
-                f"{r['rejected_compiles']:>7} {r['rejected_fails']:>8} {agree:>7}")
-
-    for t in doc["tasks"]:
-        name = t["task"] if "workload" not in t else f"{t['workload']}:{t['task']}"
-        lines.append(row(name, t))
-    lines.append("-" * len(head))
-    lines.append(row("total", doc["total"]))
-    tot = doc["total"]
-    lines.append("")
-    lines.append("rejection reasons (ours): " + (", ".join(f"{k} {v}" for k, v in tot["reasons"].items()) or "none"))
-    if tot["rejected_compiles_reasons"]:
-        lines.append("rejected but compiles, by reason:")
-        for k, v in tot["rejected_compiles_reasons"].items():
-            lines.append(f"  {k:<26} {v:>5}  {REASON_NOTES.get(k, '')}")
-    lines.append(f"agreement with TVM's built-in VerifyGPUCode: {tot['agree_with_builtin']}/{tot['samples']}"
-                 + (f" ({100 * tot['agreement']:.1f}%)" if tot.get("agreement") is not None else ""))
-    for k, v in tot["disagreements"].items():
-        lines.append(f"  {k}: {v}")
-    b = tot["builtin"]
-    lines.append(f"built-in alone: accepted+compiles {b['accepted_compiles']}, accepted+fails {b['accepted_fails']}, "
-                 f"rejected+compiles {b['rejected_compiles']}, rejected+fails {b['rejected_fails']}")
-    return "\n".join(lines)
-
-
-__all__ = ["WORKLOADS", "REASON_NOTES", "format_table", "merge", "run", "select_tasks",
-           "verify_task", "workload_tasks"]
+__all__ = ["WORKLOADS", "run", "select_tasks", "verify_task", "workload_tasks"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from tvm_ext.cli.common import add_workload_args, check_workload_name, log
+from tvm_ext.cli.table import render
 
 
 def add_parser(sub) -> None:
@@ -71,5 +72,43 @@ def run(args) -> int:
     result = bench_int8.run(workload, target, rulesets, args.trials or 32, args.from_logs,
                             args.rounds or 20, out, log=log, work_root=args.logs_dir, peers=peers,
                             layers=args.layers)
-    print(bench_int8.format_table(result))
+    print(format_int8(result))
     return 0 if all(row["exact_match"] for row in result["rows"] if row["ruleset"] in rulesets) else 1
+
+
+def _trials_text(result: dict) -> str:
+    counts = sorted({r["min_trials"] for r in result["rows"] if r.get("min_trials") is not None})
+    return f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(result["trials_per_task"])
+
+
+def _exact_text(row: dict) -> str:
+    if "max_step" in row:  # a peer: rounds differently, say by how much
+        return f"no: <= {row['max_step']} steps in {100 * row['frac_differ']:.1f}%"
+    return "yes" if row["exact_match"] else "NO"
+
+
+def format_int8(result: dict) -> str:
+    """The int8 rule-set benchmark (``bench.int8.run``'s result) as text."""
+    est = [r.get("e2e_estimate_ms") for r in result["rows"]]
+    rows = [[r["ruleset"], f"{r['e2e_ms']:.3f}", f"{r['ratio_to_plugin']:.2f}", None if e is None else f"{e:.3f}",
+             _exact_text(r)] for r, e in zip(result["rows"], est)]
+    lines = [f"{result['workload']} {result['options']} on {result['target']}, "
+             f"{_trials_text(result)} trials per task, median of {result['rounds']} interleaved rounds",
+             render(["ruleset", "e2e ms", "vs plugin", "est. ms", "exact"], rows, "<>>><")]
+    if "per_layer" in result:
+        layers = result["per_layer"]
+        lines += ["", f"per conv task ({layers[0]['ruleset'] if layers else '-'} database) vs one ORT "
+                      "QLinearConv, same threads:", format_layers(layers)]
+    return "\n".join(lines)
+
+
+def format_layers(rows: list) -> str:
+    """Per conv task: TVM vs ORT microseconds and their ratio, plus the weighted sum."""
+    body = [[r["shape"], r["epilogue"], r["count"], f"{r['tvm_us']:.0f}", f"{r['ort_us']:.0f}",
+             f"{r['tvm_us'] / r['ort_us']:.2f}"] for r in rows]
+    if rows:
+        tvm_total = sum(r["tvm_us"] * r["count"] for r in rows)
+        ort_total = sum(r["ort_us"] * r["count"] for r in rows)
+        body += [None, ["weighted sum", "", "", f"{tvm_total:.0f}", f"{ort_total:.0f}",
+                        f"{tvm_total / ort_total:.2f}"]]
+    return render(["conv shape", "epilogue", "x", "tvm us", "ort us", "tvm/ort"], body, "<<>>>>")

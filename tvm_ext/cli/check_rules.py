@@ -60,17 +60,21 @@ def document(target, candidates: int, seed: int, results: list, planned: int) ->
 
 
 def format_table(doc: dict) -> str:
-    lines = [f"check-rules on {doc['target']}: {doc['candidates_per_case']} candidates per case, seed {doc['seed']}",
-             f"{'case':34s} {'cand':>4s} {'s':>7s}  result"]
-    for c in doc["cases"]:
-        result = ("ok" + (f" ({c['message']})" if c["message"] else "")) if c["ok"] else \
-            f"FAIL {c['message']}" + (f" -> {c['failure_file']}" if c["failure_file"] else "")
-        lines.append(f"{c['name']:34s} {c['candidates']:4d} {c['seconds']:7.1f}  {result}")
+    from tvm_ext.cli.table import render
+
+    def result(c):
+        if c["ok"]:
+            return "ok" + (f" ({c['message']})" if c["message"] else "")
+        return f"FAIL {c['message']}" + (f" -> {c['failure_file']}" if c["failure_file"] else "")
+
+    rows = [[c["name"], c["candidates"], f"{c['seconds']:.1f}", result(c)] for c in doc["cases"]]
     t = doc["total"]
-    lines.append(f"total: {t['ok']}/{t['checked']} cases equal ({t['candidates']} candidates compared, "
-                 f"{t['timeouts']} not built in time, {t['seconds']} s)"
-                 + (f"; {t['planned'] - t['checked']} not checked" if t["checked"] < t["planned"] else ""))
-    return "\n".join(lines)
+    return "\n".join([
+        f"check-rules on {doc['target']}: {doc['candidates_per_case']} candidates per case, seed {doc['seed']}",
+        render(["case", "cand", "s", "result"], rows, "<>><"),
+        f"total: {t['ok']}/{t['checked']} cases equal ({t['candidates']} candidates compared, "
+        f"{t['timeouts']} not built in time, {t['seconds']} s)"
+        + (f"; {t['planned'] - t['checked']} not checked" if t["checked"] < t["planned"] else "")])
 
 
 def run(args) -> int:

@@ -22,29 +22,26 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print_report(result)
+        print(format_report(result))
     return 0
 
 
-def _us(value) -> str:
-    return "-" if value is None else f"{value:.1f}"
+def _fixed(value, digits: int):
+    return None if value is None else f"{value:.{digits}f}"
 
 
-def _s(value) -> str:
-    return "-" if value is None else f"{value:.0f}"
+def format_report(result: dict) -> str:
+    """A tuning database's report (``tune.report``) as text: one row per task, then the
+    weighted end-to-end estimate."""
+    from tvm_ext.cli.table import render
 
-
-def print_report(result: dict) -> None:
-    print(f"{result['workload']} {result['options']}  target {result['target']}  "
-          f"ruleset {result['ruleset']}")
-    width = max([len(t["name"]) for t in result["tasks"]] + [4])
-    print(f"{'task':<{width}}  {'weight':>6}  {'trials':>6}  {'best us':>10}  {'kernels':>7}  {'tuning s':>8}")
-    for t in result["tasks"]:
-        kernels = "-" if t["kernels"] is None else t["kernels"]
-        print(f"{t['name']:<{width}}  {t['weight']:>6}  {t['trials']:>6}  {_us(t['best_us']):>10}  "
-              f"{kernels:>7}  {_s(t.get('tuning_s')):>8}")
+    rows = [[t["name"], t["weight"], t["trials"], _fixed(t["best_us"], 1), t["kernels"], _fixed(t.get("tuning_s"), 0)]
+            for t in result["tasks"]]
     e2e = result["e2e_us"]
-    print(f"weighted end-to-end estimate: {'-' if e2e is None else f'{e2e / 1000:.3f} ms'}"
-          + ("" if e2e is not None else " (some task has no valid measurement)"))
+    lines = [f"{result['workload']} {result['options']}  target {result['target']}  ruleset {result['ruleset']}",
+             render(["task", "weight", "trials", "best us", "kernels", "tuning s"], rows),
+             f"weighted end-to-end estimate: {'-' if e2e is None else f'{e2e / 1000:.3f} ms'}"
+             + ("" if e2e is not None else " (some task has no valid measurement)")]
     if result.get("tuning_s"):
-        print(f"tuning time: {result['tuning_s']:.0f} s in all (wall clock, summed over runs)")
+        lines.append(f"tuning time: {result['tuning_s']:.0f} s in all (wall clock, summed over runs)")
+    return "\n".join(lines)

@@ -44,7 +44,7 @@ def run(args) -> int:
 
     from tvm_ext import tune as tuning
     from tvm_ext.cli.common import load_workload, resolve_target
-    from tvm_ext.cli.report import print_report
+    from tvm_ext.cli.report import format_report
     from tvm_ext.rulesets import check_ruleset
 
     check_workload_name(args.workload)
@@ -77,7 +77,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print_report(result)
+        print(format_report(result))
     return 0
 
 
@@ -114,10 +114,7 @@ def run_build_only(args, target) -> int:
     from tvm_ext import tune as tuning
     from tvm_ext.cli.common import load_workload
 
-    try:
-        from tvm_ext.check.build_only import build_only
-    except ImportError as err:
-        raise ValueError(f"--build-only is not available in this build ({err})") from None
+    from tvm_ext.check.build_only import build_only
     workload = load_workload(args)
     tasks = tuning.extract_tasks(workload, target)
     rows = build_only([(t.name, t.mod) for t in tasks], target, args.ruleset, args.candidates, log)

@@ -46,5 +46,36 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(doc))
     else:
-        print(verify_gpu.format_table(doc))
+        print(format_table(doc))
     return 1 if doc["total"]["accepted_fails"] else 0
+
+
+def format_table(doc: dict) -> str:
+    """The confusion matrix per task and in total, reasons and agreement, as text."""
+    from tvm_ext.check.verify_gpu_doc import REASON_NOTES
+    from tvm_ext.cli.table import render
+
+    def row(name, r):
+        agree = f"{100 * r['agreement']:.1f}%" if r.get("agreement") is not None else None
+        return [name[:44], r["samples"], r["accepted_compiles"], r["accepted_fails"], r["rejected_compiles"],
+                r["rejected_fails"], agree]
+
+    rows = [row(t["task"] if "workload" not in t else f"{t['workload']}:{t['task']}", t) for t in doc["tasks"]]
+    tot = doc["total"]
+    lines = [f"verify-gpu {doc.get('workload', '(merged)')}  arch {doc['arch']}  "
+             f"{doc['samples_per_task']} samples per task",
+             render(["task", "n", "acc+ok", "acc+FAIL", "rej+ok", "rej+fail", "agree"], rows + [None, row("total", tot)]),
+             "",
+             "rejection reasons (ours): " + (", ".join(f"{k} {v}" for k, v in tot["reasons"].items()) or "none")]
+    if tot["rejected_compiles_reasons"]:
+        lines.append("rejected but compiles, by reason:")
+        for k, v in tot["rejected_compiles_reasons"].items():
+            lines.append(f"  {k:<26} {v:>5}  {REASON_NOTES.get(k, '')}")
+    lines.append(f"agreement with TVM's built-in VerifyGPUCode: {tot['agree_with_builtin']}/{tot['samples']}"
+                 + (f" ({100 * tot['agreement']:.1f}%)" if tot.get("agreement") is not None else ""))
+    for k, v in tot["disagreements"].items():
+        lines.append(f"  {k}: {v}")
+    b = tot["builtin"]
+    lines.append(f"built-in alone: accepted+compiles {b['accepted_compiles']}, accepted+fails {b['accepted_fails']}, "
+                 f"rejected+compiles {b['rejected_compiles']}, rejected+fails {b['rejected_fails']}")
+    return "\n".join(lines)
