@@ -1,15 +1,25 @@
-"""Work dirs and their MetaSchedule JSONDatabase: create, reopen, repair, read records.
+"""Work dirs and their MetaSchedule JSONDatabase: create, check, reopen, read records.
 
 A work dir holds a JSONDatabase (``database_workload.json``, ``database_tuning_record.json``),
 one file per extracted task under ``tasks/`` and ``tvm_ext.json`` recording workload,
-options, target and rule set. A process killed in the middle of a database write leaves
-at most one partial line, which ``repair_database`` drops before the database is opened.
+options, target and rule set.
+
+tvm_ext never damages a database. ``check_database`` validates every line of both files
+and names the first bad one (``DatabaseCorrupt``: file, line, how to proceed); nothing is
+rewritten or deleted. The one thing a killed tuning run can leave -- an incomplete last
+line of the records file, or a last line whose newline was not written yet -- is repaired
+by ``repair_database``, which only ``tune`` calls. A line of the workload file is never
+deleted: records refer to workloads by line number. Read commands open a snapshot
+(``open_database(work_dir, read_only=True)``) and never write to the work dir.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -20,33 +30,64 @@ from tvm_ext.rulesets import check_ruleset
 from tvm_ext.targets import target_key, target_mismatch, target_to_json
 
 META_FILE = "tvm_ext.json"
-
-
-DB_FILES = ("database_workload.json", "database_tuning_record.json")
+WORKLOADS, RECORDS = "database_workload.json", "database_tuning_record.json"
+DB_FILES = (WORKLOADS, RECORDS)
 
 
 class DatabaseMismatch(ValueError):
     """A work dir that is not a database, or one made for another workload or target."""
 
 
+class DatabaseCorrupt(DatabaseMismatch):
+    """A database file with a line MetaSchedule cannot load; the message names file and line."""
+
+
+class WorkDirError(OSError):
+    """The environment refuses a work dir (permissions, read-only file system, disk full).
+
+    The message is one line naming the path; the CLI prints it and exits 1."""
+
+
+@dataclass
+class DatabaseState:
+    """What ``check_database`` found: valid lines per file, and what a kill left at the end."""
+    workloads: int = 0
+    records: int = 0
+    valid_bytes: dict = field(default_factory=dict)  # file name -> bytes up to the last good line
+    partial_tail: int | None = None  # 1-based line number of an incomplete last record line
+    missing_newline: list = field(default_factory=list)  # files whose good last line lacks "\n"
+
+
 def default_work_dir(workload: str, target, ruleset: str, root: str = "tuning_logs") -> str:
     return os.path.join(root, f"{workload}-{target_key(target)}-{ruleset}")
 
 
+def _env_error(action: str, path: str, err: OSError) -> WorkDirError:
+    reason = err.strerror or str(err)
+    return WorkDirError(f"cannot {action} {path}: {reason}")
+
+
 def read_meta(work_dir: str) -> dict:
     """The work dir's metadata; DatabaseMismatch if it is not a tvm_ext database."""
+    if not os.path.exists(work_dir):
+        raise DatabaseMismatch(f"{work_dir}: no such directory")
+    if not os.path.isdir(work_dir):
+        raise DatabaseMismatch(f"{work_dir} is not a directory")
     path = os.path.join(work_dir, META_FILE)
     if not os.path.isfile(path):
         raise DatabaseMismatch(f"{work_dir} is not a tvm_ext tuning database (no {META_FILE})")
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as err:
-        raise DatabaseMismatch(f"{path} is corrupt: {err.msg}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DatabaseMismatch(f"{path} is corrupt: {getattr(err, 'msg', err)}") from None
+    except OSError as err:
+        raise _env_error("read", path, err) from None
 
 
 def prepare_work_dir(work_dir: str, workload, target, ruleset: str, log=print) -> dict:
-    """Create or reopen a work dir for this workload/target/ruleset; refuse a foreign one."""
+    """Create or reopen a work dir for ``tune``: refuse a foreign, corrupt or read-only one;
+    repair what a killed run left (``repair_database``)."""
     check_ruleset(ruleset)
     wanted = {"workload": workload.name, "options": workload.options, "ruleset": ruleset,
               "target": target_to_json(target)}
@@ -62,51 +103,254 @@ def prepare_work_dir(work_dir: str, workload, target, ruleset: str, log=print) -
         warning = target_mismatch(meta["target"], target)
         if warning:
             log(f"warning: {work_dir}: {warning}")
+        check_writable(work_dir)
         repair_database(work_dir, log)
         return meta
-    os.makedirs(os.path.join(work_dir, "tasks"), exist_ok=True)
     meta = dict(wanted, tasks=[], created=time.strftime("%Y-%m-%d %H:%M:%S"))
-    write_meta(work_dir, meta)
+    _create_work_dir(work_dir, meta)
     return meta
 
 
+def _create_work_dir(work_dir: str, meta: dict) -> None:
+    """Make the work dir with its metadata in one step: built as ``<work_dir>.new`` and
+    renamed, so a kill never leaves a directory without ``tvm_ext.json`` (which the next
+    run would refuse as "not a tvm_ext tuning database")."""
+    staging = work_dir.rstrip("/\\") + ".new"
+    try:
+        parent = os.path.dirname(os.path.abspath(work_dir))
+        os.makedirs(parent, exist_ok=True)
+        if os.path.isdir(staging):  # left by a run killed while creating this work dir
+            shutil.rmtree(staging)
+        os.makedirs(os.path.join(staging, "tasks"))
+        write_json(os.path.join(staging, META_FILE), meta, sort_keys=True)
+        os.replace(staging, work_dir)  # also over an empty directory made by the user
+    except OSError as err:
+        raise _env_error("create the work dir", work_dir, err) from None
+
+
+def check_writable(work_dir: str) -> None:
+    """WorkDirError unless ``tune`` can write its records and metadata in ``work_dir``."""
+    targets = [work_dir] + [os.path.join(work_dir, n) for n in (META_FILE, *DB_FILES)
+                            if os.path.exists(os.path.join(work_dir, n))]
+    for path in targets:
+        if not os.access(path, os.W_OK):
+            raise WorkDirError(f"{path} is not writable: tune adds records to the database there "
+                               f"(tune into a copy with --work-dir, or fix the permissions)")
+    for name in DB_FILES:  # os.access ignores read-only mounts; opening for append does not
+        path = os.path.join(work_dir, name)
+        if os.path.exists(path):
+            try:
+                with open(path, "ab"):
+                    pass
+            except OSError as err:
+                raise _env_error("write to", path, err) from None
+
+
 def write_meta(work_dir: str, meta: dict) -> None:
-    """Write metadata atomically (a kill never leaves half a file)."""
-    write_json(os.path.join(work_dir, META_FILE), meta, sort_keys=True)
+    """Write metadata atomically (a kill never leaves half a file), and only when its content
+    changed: a committed database stays byte-identical when a run adds nothing."""
+    path = os.path.join(work_dir, META_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if json.load(f) == json.loads(json.dumps(meta)):
+                return
+    except (OSError, ValueError):
+        pass  # missing or unreadable: write it
+    try:
+        write_json(path, meta, sort_keys=True)
+    except OSError as err:
+        raise _env_error("write", path, err) from None
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise _env_error("read", path, err) from None
+
+
+RESTORE = "nothing was changed; restore the file from a backup or version control"
+KEEP_WORKLOADS = RESTORE + " (never delete a workload line: records refer to workloads by line number)"
+
+
+def _bad_line(path: str, number: int, problem: str, advice: str = RESTORE) -> DatabaseCorrupt:
+    return DatabaseCorrupt(f"{path}:{number}: {problem}; {advice}")
+
+
+def _parse_lines(data: bytes):
+    """(line number, parsed JSON or None, byte end incl. newline, has newline) per line."""
+    start, number = 0, 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        terminated = end >= 0
+        end = end if terminated else len(data)
+        number += 1
+        raw = data[start:end]
+        try:
+            value = json.loads(raw.decode("utf-8")) if raw.strip() else None
+        except (UnicodeDecodeError, ValueError):
+            value = None
+        yield number, value, (end + 1 if terminated else end), terminated
+        start = end + 1
+
+
+def check_database(work_dir: str) -> DatabaseState:
+    """Validate every line of both database files; nothing is written.
+
+    Raises DatabaseCorrupt naming file and line for a line MetaSchedule could not load
+    (not JSON, empty, the wrong shape, a record of a workload the workload file lacks).
+    The one exception, what a run killed while appending a record leaves: an incomplete
+    last line of the records file, returned as ``partial_tail`` (``repair_database`` drops
+    it, read-only opens ignore it)."""
+    return _check(work_dir)[0]
+
+
+def _check(work_dir: str) -> tuple[DatabaseState, dict]:
+    """``check_database``, plus the checked bytes of each file (None: the file is missing)."""
+    state, contents = DatabaseState(), {}
+    partial_workload = None  # 1-based line of an incomplete last workload line
+    for name in DB_FILES:
+        path = os.path.join(work_dir, name)
+        if not os.path.exists(path):
+            state.valid_bytes[name], contents[name] = 0, None
+            continue
+        data = contents[name] = _read_bytes(path)
+        lines = list(_parse_lines(data))
+        good_end = 0
+        for number, value, end, terminated in lines:
+            last = number == len(lines)
+            if name == WORKLOADS:
+                ok = (isinstance(value, list) and len(value) == 2
+                      and all(isinstance(v, str) for v in value))
+                if not ok:
+                    if last and not terminated and value is None:
+                        partial_workload = number
+                        break
+                    raise _bad_line(path, number, "not a workload (corrupt line)", KEEP_WORKLOADS)
+                state.workloads += 1
+            else:
+                ok = (isinstance(value, list) and len(value) == 2 and isinstance(value[0], int)
+                      and not isinstance(value[0], bool) and isinstance(value[1], list))
+                if not ok:
+                    if last and not terminated and value is None:
+                        state.partial_tail = number
+                        break
+                    raise _bad_line(path, number, "not a tuning record (corrupt line)",
+                                    RESTORE + ", or delete that line by hand to lose only "
+                                    "that record")
+                if not 0 <= value[0] < state.workloads:
+                    what = (f"line {partial_workload} of {WORKLOADS}, an incomplete last line"
+                            if value[0] + 1 == partial_workload
+                            else f"but {WORKLOADS} has {state.workloads} line(s)")
+                    raise _bad_line(path, number, f"refers to workload {value[0]} ({what})",
+                                    f"nothing was changed; restore {WORKLOADS} from a backup or "
+                                    f"version control")
+                state.records += 1
+            good_end = end
+            if last and not terminated:
+                state.missing_newline.append(name)
+        state.valid_bytes[name] = good_end
+    if partial_workload is not None:  # the records do not refer to it
+        raise _bad_line(os.path.join(work_dir, WORKLOADS), partial_workload,
+                        "incomplete last line (a run killed while writing it?)",
+                        "nothing was changed; no record refers to it: delete that last line by "
+                        "hand (e.g. sed -i '$d' FILE) and run again")
+    return state, contents
 
 
 def repair_database(work_dir: str, log=print) -> int:
-    """Drop unparsable (partially written) lines of the database files; returns how many."""
-    dropped = 0
-    for name in DB_FILES:
-        path = os.path.join(work_dir, name)
-        if not os.path.isfile(path):
-            continue
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-        good = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                json.loads(line)
-                good.append(line)
-            except json.JSONDecodeError:
-                dropped += 1
-        if dropped:
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.write("".join(line + "\n" for line in good))
-            os.replace(path + ".tmp", path)
-    if dropped:
-        log(f"note: dropped {dropped} partially written line(s) from the database in {work_dir}")
-    return dropped
+    """For ``tune`` only: finish what a killed run left. An incomplete last record line (the
+    record was never committed) is cut off, a missing final newline is added; any other
+    damage raises DatabaseCorrupt and nothing is written. Returns the lines dropped (0 or 1)."""
+    state = check_database(work_dir)
+    try:
+        if state.partial_tail is not None:
+            path = os.path.join(work_dir, RECORDS)
+            os.truncate(path, state.valid_bytes[RECORDS])
+            log(f"note: dropped the incomplete last line {state.partial_tail} of {path} "
+                f"(a record a killed run was writing)")
+        for name in state.missing_newline:
+            with open(os.path.join(work_dir, name), "ab") as f:
+                f.write(b"\n")
+    except OSError as err:
+        raise _env_error("repair", os.path.join(work_dir, RECORDS), err) from None
+    return 0 if state.partial_tail is None else 1
 
 
-def open_database(work_dir: str) -> ms.database.JSONDatabase:
+def _json_database(path_workload: str, path_records: str, allow_missing: bool):
+    return ms.database.JSONDatabase(path_workload, path_records, allow_missing=allow_missing,
+                                    module_equality="structural")
+
+
+def _load(path_workload: str, path_records: str, allow_missing: bool,
+          shown: list | None = None) -> ms.database.JSONDatabase:
+    """JSONDatabase of two checked files; DatabaseCorrupt naming the line TVM cannot load
+    (``shown``: the paths to name, when these are a snapshot's)."""
     from tvm_ext.intrinsics.vnni import register_intrinsics
 
     register_intrinsics()  # records of VNNI-tensorized schedules name our intrinsics
-    return ms.database.JSONDatabase(work_dir=work_dir, module_equality="structural")
+    try:
+        return _json_database(path_workload, path_records, allow_missing)
+    except Exception as err:  # noqa: BLE001 - TVM's FATAL errors: JSON lines that do not load
+        shown = shown or [path_workload, path_records]
+        found = _unloadable_line(path_workload, path_records)
+        if found is None:
+            last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+            raise DatabaseCorrupt(f"{os.path.dirname(shown[0])}: TVM cannot load the database "
+                                  f"({last}); {RESTORE}") from None
+        file, line = found
+        raise _bad_line(shown[file], line, "TVM cannot load this "
+                        + ("workload" if file == 0 else "tuning record"),
+                        KEEP_WORKLOADS if file == 0 else RESTORE) from None
+
+
+def _unloadable_line(path_workload: str, path_records: str) -> tuple[int, int] | None:
+    """(file index, 1-based line) of the first line TVM fails to load, line by line as
+    JSONDatabase does (the lines are valid JSON: ``check_database`` passed)."""
+    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+
+    workloads = []
+    with open(path_workload, "rb") as f:
+        for number, line in enumerate(f.read().splitlines(), 1):
+            try:
+                workloads.append(Workload.from_json(json.loads(line)))
+            except Exception:  # noqa: BLE001 - any failure names the line
+                return 0, number
+    with open(path_records, "rb") as f:
+        for number, line in enumerate(f.read().splitlines(), 1):
+            index, record = json.loads(line)
+            try:
+                TuningRecord.from_json(record, workloads[index])
+            except Exception:  # noqa: BLE001
+                return 1, number
+    return None  # every line loads alone
+
+
+def open_database(work_dir: str, read_only: bool = False) -> ms.database.JSONDatabase:
+    """The work dir's JSONDatabase, every line checked first (DatabaseCorrupt names a bad one).
+
+    ``read_only=True`` (report, bench from logs): never writes to the work dir. The checked
+    lines are loaded from a private snapshot, so a run appending at the same time or an
+    incomplete last record line is no obstacle; committing to it does not reach the work dir.
+    Otherwise (tuning): missing files are created, and an incomplete last record line is
+    refused -- ``tune`` repairs it before opening."""
+    state, contents = _check(work_dir)
+    paths = [os.path.join(work_dir, name) for name in DB_FILES]
+    if not read_only:
+        if state.partial_tail is not None:
+            raise _bad_line(paths[1], state.partial_tail, "incomplete last line (a run killed "
+                            "while writing it)", "run 'tvm-ext tune' with the same arguments: "
+                            "it drops that line and resumes")
+        if state.missing_newline:
+            repair_database(work_dir, log=lambda _: None)  # adds the newline; appends stay lines
+        return _load(paths[0], paths[1], allow_missing=True)
+    with tempfile.TemporaryDirectory(prefix="tvm_ext_db_") as snapshot:
+        copies = [os.path.join(snapshot, name) for name in DB_FILES]
+        for name, copy in zip(DB_FILES, copies):
+            with open(copy, "wb") as f:  # exactly the lines checked, complete ones only
+                f.write((contents[name] or b"")[:state.valid_bytes[name]])
+        return _load(copies[0], copies[1], allow_missing=False, shown=paths)
 
 
 def records_of(database, mod: tvm.IRModule) -> list:

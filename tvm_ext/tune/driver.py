@@ -128,10 +128,12 @@ def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:
 
 
 def report(work_dir: str) -> dict:
-    """Per-task best latency, trials and kernels, plus the weighted end-to-end estimate."""
+    """Per-task best latency, trials and kernels, plus the weighted end-to-end estimate.
+
+    Reads only: a corrupt line is a one-line DatabaseCorrupt, an incomplete last record
+    line (a run killed, or still writing) is left out, and the work dir is never written."""
     meta = read_meta(work_dir)
-    repair_database(work_dir, log=lambda _: None)
-    database = open_database(work_dir)
+    database = open_database(work_dir, read_only=True)
     rows, total, complete = [], 0.0, True
     tuning_s = {e["name"]: e.get("tuning_s") for e in meta["tasks"]}
     for task in load_tasks(work_dir, meta):
