@@ -7,7 +7,7 @@ conv2d_case(...) / dense_case(...) -> PackedQCase; run_case(case, lib) -> output
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -104,9 +104,7 @@ class PackedQCase:
 
     func:      PrimFunc (args ..., out), global_symbol "main".
     args:      NumPy values for the inputs, in order (activation first, then constants).
-    constants: names -> the same constant arrays (weights, corr, mult, rshift).
     reference: () -> expected output (NumPy, packed layout).
-    meta:      shape parameters and quantization parameters.
     """
 
     name: str
@@ -114,8 +112,6 @@ class PackedQCase:
     args: list
     out_shape: tuple
     reference: Callable[[], np.ndarray]
-    constants: dict = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
 
     @property
     def mod(self) -> tvm.IRModule:
@@ -169,9 +165,6 @@ def conv2d_case(
         args=[xp, wp, corr, mult, rshift],
         out_shape=(n, c_out // OC_BLOCK, oh, ow, OC_BLOCK),
         reference=reference,
-        constants={"weight": wp, "corr": corr, "mult": mult, "rshift": rshift},
-        meta=dict(n=n, h=h, w=w, c_in=c_in, c_out=c_out, kh=kh, kw=kw, stride=stride, pad=pad,
-                  cb=cb, zp_x=zp_x, zp_out=zp_out, x_nhwc=x, w_ohwi=wt),
     )
 
 
@@ -195,8 +188,6 @@ def dense_case(m: int = 8, n: int = 64, k: int = 128, zp_x: int = 9, zp_out: int
         args=[x, wp, corr, mult, rshift],
         out_shape=(m, n),
         reference=reference,
-        constants={"weight": wp, "corr": corr, "mult": mult, "rshift": rshift},
-        meta=dict(m=m, n=n, k=k, zp_x=zp_x, zp_out=zp_out, x=x, w_nk=wt),
     )
 
 
