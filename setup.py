@@ -19,7 +19,10 @@ setup(
         "apache-tvm==0.27.0.post1",
         "apache-tvm-ffi==0.1.14.post1",
         "numpy",
-        "xgboost",
+        # MetaSchedule's cost model. On Linux the "xgboost" wheel pulls nvidia-nccl-cu12 (~350 MB)
+        # for multi-GPU training it never does here; "xgboost-cpu" is the same module without it.
+        "xgboost-cpu; platform_system == 'Linux'",
+        "xgboost; platform_system != 'Linux'",
         "psutil",
         "cloudpickle",
         "tornado",
