@@ -1,11 +1,23 @@
 """Arguments and helpers shared by the subcommands."""
 from __future__ import annotations
 
+import argparse
 import sys
 
 WORKLOAD_HELP = "conv2d-int8, resnet50-int8, resnet50-int8-nchwc, phi2-decode or phi2-prefill"
 TARGET_HELP = ("llvm (this CPU, the default), llvm-generic, cuda, cuda-sm75, cuda-sm80, cuda-sm90, "
                "or a JSON object such as '{\"kind\": \"llvm\", \"mcpu\": \"znver4\"}'")
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number of at least 1 (checked before any work starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def log(message: str) -> None:
@@ -16,9 +28,9 @@ def log(message: str) -> None:
 def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("workload", help=WORKLOAD_HELP)
     p.add_argument("--target", default="llvm", help=TARGET_HELP)
-    p.add_argument("--batch", type=int, default=batch_default,
+    p.add_argument("--batch", type=count, default=batch_default,
                    help="batch size (resnet50-int8[-nchwc], conv2d-int8; default 1)")
-    p.add_argument("--image", type=int, default=None,
+    p.add_argument("--image", type=count, default=None,
                    help="image height = width (resnet50-int8[-nchwc] default 224, conv2d-int8 default 14)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
 

@@ -1,14 +1,15 @@
 """``tvm-ext``: tune, report, benchmark and verify quantized models with tvm_ext's rules.
 
-One clear line and a non-zero exit for bad input; progress on stderr for long work.
+One clear line and a non-zero exit for bad input, no traceback unless ``--debug``:
+exit 2 for what the user asked wrongly (ValueError: unknown names, bad values, a work dir
+of another workload), exit 1 for what the environment refused (OSError: permissions,
+missing files) or what failed inside TVM. Progress goes to stderr, results to stdout.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-
-
 
 # one module of this package per command, each with add_parser(sub) and run(args)
 COMMANDS = ("tune", "report", "bench", "verify_gpu", "check_rules", "targets")
@@ -21,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "with tvm_ext's schedule rules and postprocessors.",
         epilog="Run 'tvm-ext COMMAND --help' for the options of each command.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error instead of one line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -33,12 +36,27 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"tvm-ext {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"tvm-ext {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # noqa: BLE001 -- every error becomes one line (or --debug)
+        if args.debug:
+            raise
+        code = 2 if isinstance(err, ValueError) else 1
+        print(f"tvm-ext {args.command}: error: {_one_line(err)}", file=sys.stderr)
+        return code
+
+
+def _one_line(err: BaseException) -> str:
+    """The message of ``err`` on one line: TVM's errors carry a traceback of their own,
+    whose last line is the message."""
+    if isinstance(err, OSError) and err.filename and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(err).__name__
+    if not isinstance(err, (ValueError, OSError)):
+        text = f"{text} ({type(err).__name__}; --debug shows the traceback)"
+    return text
 
 
 if __name__ == "__main__":

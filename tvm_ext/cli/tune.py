@@ -6,7 +6,10 @@ import os
 import signal
 import sys
 
-from tvm_ext.cli.common import add_workload_args, check_workload_name, log
+from tvm_ext.cli.common import add_workload_args, check_workload_name, count, log
+
+WORK_ROOT = "tvm_ext_work"  # git-ignored; tuning_logs/ holds the committed databases
+COMMITTED_ROOT = "tuning_logs"
 
 
 def add_parser(sub) -> None:
@@ -16,25 +19,31 @@ def add_parser(sub) -> None:
                     "JSON database in the work dir. Running the same command again resumes: "
                     "each task is tuned only up to --trials records. Ctrl-C stops after the "
                     "current measurement batch (twice: at once); Ctrl-C or a kill leaves a "
-                    "valid database.")
+                    "valid database. A database committed in tuning_logs/ for the same workload "
+                    "and rule set is the starting point when it was tuned for exactly this "
+                    "target (CPU); otherwise tuning starts from scratch, and says why.")
     add_workload_args(p)
-    p.add_argument("--trials", type=int, default=64, help="trials per task (default 64)")
+    p.add_argument("--trials", type=count, default=8,
+                   help="trials per task (default 8: ResNet-50's 31 tasks in ~15 min on 2 cores; "
+                        "64 or more for good schedules)")
     p.add_argument("--ruleset", default="plugin",
                    help="plugin (ours, default), no-inline-const (ours without "
                         "InlineConstantScalars) or upstream (TVM's built-in rules)")
     p.add_argument("--work-dir", default=None,
-                   help="database directory (default tuning_logs/<workload>-<target>-<ruleset>/)")
+                   help=f"database directory (default {WORK_ROOT}/<workload>-<target>-<ruleset>/)")
     p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure through TVM's RPC tracker instead of locally")
     p.add_argument("--rpc-key", default=None, help="device key registered at the RPC tracker")
     p.add_argument("--build-only", action="store_true",
                    help="no device needed: generate, postprocess and compile candidates (nvcc for "
                         "cuda) and report kernels of the best-by-cost-model candidate per task")
-    p.add_argument("--candidates", type=int, default=16,
+    p.add_argument("--candidates", type=count, default=16,
                    help="candidates per task with --build-only (default 16)")
-    p.add_argument("--per-iter", type=int, default=16,
+    p.add_argument("--per-iter", type=count, default=8,
                    help="candidates measured per search iteration; the database is written after "
-                        "each, so it bounds what an interruption loses (default 16)")
+                        "each, so it bounds what an interruption loses (default 8)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also show TVM's own INFO logging (always in WORK_DIR/logs/)")
     p.add_argument("--json", action="store_true", help="print the resulting report as JSON")
     p.set_defaults(func=run)
 
@@ -53,10 +62,14 @@ def run(args) -> int:
     if args.build_only:
         return run_build_only(args, target)
     runner = tuning.make_runner(args.rpc_tracker, args.rpc_key)
-    work_dir = args.work_dir or tuning.default_work_dir(args.workload, target, args.ruleset)
-    if args.work_dir is not None and _nonempty(work_dir):
+    work_dir = args.work_dir or tuning.default_work_dir(args.workload, target, args.ruleset,
+                                                        root=WORK_ROOT)
+    fresh = not _nonempty(work_dir)
+    if not fresh:
         tuning.read_meta(work_dir)  # refuse a directory that is not a database before building
     workload = load_workload(args)
+    if fresh and args.work_dir is None:
+        start_from_committed(args, target, work_dir, workload.options)
     log(f"tuning into {work_dir} ({args.ruleset}, {args.trials} trials per task, target "
         f"{target.kind.name})")
     # stdout carries only the result (JSON or table); TVM's loggers print to stdout
@@ -103,9 +116,31 @@ def interrupt_guard():
 
 
 def _nonempty(path: str) -> bool:
-    import os
-
     return os.path.isdir(path) and bool(os.listdir(path))
+
+
+def start_from_committed(args, target, work_dir: str, options: dict) -> None:
+    """Copy the committed database for this workload and rule set into a new work dir when
+    it was tuned for exactly this target; otherwise say why tuning starts from scratch."""
+    import shutil
+
+    from tvm_ext import tune as tuning
+    from tvm_ext.targets import target_mismatch
+
+    committed = tuning.default_work_dir(args.workload, target, args.ruleset, root=COMMITTED_ROOT)
+    if not _nonempty(committed):
+        return
+    try:
+        meta = tuning.read_meta(committed)
+    except ValueError:
+        return
+    mismatch = target_mismatch(meta["target"], target)
+    if mismatch is None and meta.get("options") == options:
+        shutil.copytree(committed, work_dir, ignore=shutil.ignore_patterns("logs"))
+        log(f"starting from the records committed in {committed} (tuned for this target)")
+    else:
+        why = mismatch or f"options {meta.get('options')}"
+        log(f"not reusing {committed}: {why}; tuning for this machine from scratch")
 
 
 def run_build_only(args, target) -> int:
