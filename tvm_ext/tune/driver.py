@@ -69,6 +69,24 @@ def task_logger(work_dir: str, task_name: str):
     return loggers_for(work_dir, [task_name])[0]
 
 
+def tune_task(task: Task, target, database, log_dir: str, trials: int, *, ruleset: str = "plugin",
+              runner=None, seed: int = 0, per_iter: int = 16, callbacks: list | None = None) -> None:
+    """Measure ``trials`` more candidates of one task into ``database``: the stack's space,
+    builder, runner (default ``make_runner()``), search strategy and per-task log file under
+    ``<log_dir>/logs/``.  ``callbacks`` run after TVM's default measure callbacks (so after
+    AddToDatabase), once per batch of at most ``per_iter`` candidates."""
+    measure = list(ms.measure_callback.MeasureCallback.create("default")) + list(callbacks or [])
+    context = ms.TuneContext(mod=task.mod, target=target, space_generator=space(target, ruleset),
+                             search_strategy=search_strategy(trials), task_name=task.name,
+                             rand_state=seed, num_threads="physical",
+                             logger=task_logger(log_dir, task.name)).clone()
+    ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=log_dir,
+                  max_trials_global=trials, max_trials_per_task=trials,
+                  num_trials_per_iter=min(per_iter, trials), database=database,
+                  runner=runner if runner is not None else make_runner(), builder=make_builder(),
+                  measure_callbacks=measure)
+
+
 def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
          log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16,
          should_stop: Callable[[], bool] = lambda: False) -> dict:
@@ -85,8 +103,6 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
     tasks = extract_tasks(workload, target)
     save_tasks(work_dir, meta, tasks)
     runner = runner if runner is not None else make_runner()
-    callbacks = list(ms.measure_callback.MeasureCallback.create("default"))
-    callbacks.append(stop_callback(should_stop))  # after AddToDatabase
     for i, task in enumerate(tasks, 1):
         if should_stop():
             raise TuningInterrupted("tuning stopped on request")
@@ -98,15 +114,9 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
             continue
         log(f"{head}: tuning {trials - done} trials ({done} done)")
         start = time.time()
-        context = ms.TuneContext(mod=task.mod, target=target, space_generator=space(target, ruleset),
-                                 search_strategy=search_strategy(trials), task_name=task.name,
-                                 rand_state=seed + i, num_threads="physical",
-                                 logger=task_logger(work_dir, task.name)).clone()
         try:
-            ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=work_dir,
-                          max_trials_global=trials - done, max_trials_per_task=trials - done,
-                          num_trials_per_iter=min(per_iter, trials - done), database=database,
-                          runner=runner, builder=make_builder(), measure_callbacks=callbacks)
+            tune_task(task, target, database, work_dir, trials - done, ruleset=ruleset, runner=runner,
+                      seed=seed + i, per_iter=per_iter, callbacks=[stop_callback(should_stop)])
         finally:  # also when stopped: the records it wrote were paid for
             elapsed = time.time() - start
             add_tuning_seconds(work_dir, task.name, elapsed)

@@ -1,0 +1,112 @@
+"""Tune named kernels (single-function IRModules) into one database, and the order in which
+their candidates were measured.
+
+A JSONDatabase returns records sorted by run time, so it cannot say how many trials a
+kernel needed to get below some time. ``tune_kernels`` therefore keeps, next to the
+database, ``measure_order.json``: per kernel (by structural hash of its IRModule) the mean
+run seconds of each measured candidate in measurement order (``null`` for one that failed
+to build or run), written after every batch by a measure callback once the batch reached
+the database. A kill between the two writes loses at most the last batch from the order,
+never from the database. Records committed by other means (a seed) are not in the order.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import tvm
+import tvm_ffi
+
+from tvm_ext.jsonio import write_json
+from tvm_ext.tune.database import open_database, records_of, repair_database
+from tvm_ext.tune.driver import Task, tune_task
+from tvm_ext.tune.runner import make_runner
+
+ORDER_FILE = "measure_order.json"
+
+
+def kernel_database(db_dir: str, log: Callable[[str], None] = print):
+    """The JSONDatabase in ``db_dir`` (a bare database directory, no tvm_ext.json), created
+    if missing; lines a killed process left half written are dropped first."""
+    os.makedirs(db_dir, exist_ok=True)
+    repair_database(db_dir, log)
+    return open_database(db_dir)
+
+
+def _key(mod: tvm.IRModule) -> str:
+    return f"{tvm_ffi.structural_hash(mod):016x}"
+
+
+def _read_order(db_dir: str) -> dict:
+    path = os.path.join(db_dir, ORDER_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def measure_order(db_dir: str, mod: tvm.IRModule) -> list:
+    """Mean run seconds (None = failed) of ``mod``'s tuned candidates in measurement order;
+    [] when ``tune_kernels`` never measured it in ``db_dir``."""
+    return list(_read_order(db_dir).get(_key(mod), []))
+
+
+def trials_to_beat(db_dir: str, mod: tvm.IRModule, seconds: float) -> int | None:
+    """1-based index of the first tuned candidate of ``mod`` faster than ``seconds``; None if none."""
+    for i, secs in enumerate(measure_order(db_dir, mod), 1):
+        if secs is not None and secs < seconds:
+            return i
+    return None
+
+
+def order_callback(db_dir: str, mod: tvm.IRModule):
+    """A measure callback appending each batch's mean run seconds to ``db_dir``'s order file."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    key = _key(mod)
+
+    @derived_object
+    class RecordOrder(PyMeasureCallback):
+        def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+                  runner_results) -> None:
+            batch = []
+            for built, ran in zip(builder_results, runner_results):
+                secs = None if built.error_msg or ran.error_msg or not ran.run_secs else \
+                    [float(s) for s in ran.run_secs]
+                batch.append(None if secs is None or min(secs) >= 1e9 else sum(secs) / len(secs))
+            order = _read_order(db_dir)
+            order[key] = order.get(key, []) + batch
+            write_json(os.path.join(db_dir, ORDER_FILE), order, sort_keys=True)
+
+    return RecordOrder()
+
+
+def tune_kernels(mods: dict, target, db_dir: str, trials: int, *, log_dir: str | None = None,
+                 ruleset: str = "plugin", runner=None, per_iter: int = 8, seed: int = 0,
+                 log: Callable[[str], None] = print) -> dict:
+    """Tune each ``{name: IRModule}`` kernel up to ``trials`` records in the database in
+    ``db_dir``; resumes by counting the records already there (a seed record counts).
+
+    One kernel at a time with the stack's builder, search strategy and space; ``runner``
+    defaults to ``make_runner()``. MetaSchedule's logs go to ``<log_dir>/logs/`` (default
+    ``db_dir``). Returns ``{name: records added}``.
+    """
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, not {trials}")
+    kernel_database(db_dir, log)  # create / repair once
+    runner = runner if runner is not None else make_runner()
+    added = {}
+    for i, (name, mod) in enumerate(mods.items()):
+        database = open_database(db_dir)
+        done = len(records_of(database, mod))
+        if done >= trials:
+            added[name] = 0
+            continue
+        log(f"  tuning {name}: {trials - done} trials ({done} in {db_dir})")
+        tune_task(Task(name, 1, mod), target, database, log_dir or db_dir, trials - done,
+                  ruleset=ruleset, runner=runner, seed=seed + i, per_iter=per_iter,
+                  callbacks=[order_callback(db_dir, mod)])
+        added[name] = len(records_of(database, mod)) - done
+    return added
