@@ -11,13 +11,18 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from tvm_ext.bench import phi2 as phi2_bench  # noqa: E402
+from tvm_ext.bench import phi2_kernels as pk  # noqa: E402
+from tvm_ext.targets import cuda_target, resolve_target  # noqa: E402
+from tvm_ext.tune.database import open_database, records_of  # noqa: E402
+from tvm_ext.tune.kernels import kernel_database, measure_order, trials_to_beat, tune_kernels  # noqa: E402
+from tvm_ext.tune.runner import make_runner  # noqa: E402
 from tvm_ext.workloads import phi2  # noqa: E402
 
 CTX = 16
 
 
 def _run(wl, pairs):
-    return phi2_bench._verify(wl, pairs, "llvm", tvm.cpu(0))
+    return pk.verify(wl, pairs, "llvm", tvm.cpu(0))
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["unfused", "fused"])
@@ -53,11 +58,11 @@ def test_reference_unscheduled(decode):
 
 def test_dlight(decode):
     wl, ks = decode
-    target = phi2_bench.resolve_target("llvm")
+    target = resolve_target("llvm")
     pairs, rules = [], set()
     for k in ks.kernels:
-        m = phi2_bench.normalize(k.func)
-        rule, sch = phi2_bench.dlight_schedule(m, target)
+        m = pk.normalize(k.func)
+        rule, sch = pk.dlight_schedule(m, target)
         rules.add(rule)
         if sch is not None:
             pairs.append((m, sch.mod))
@@ -68,42 +73,55 @@ def test_dlight(decode):
 
 def _small_kernels(ks, n=1):
     """The kernels with the fewest bytes moved (fast to tune)."""
-    return sorted(ks.kernels, key=lambda k: phi2_bench._nbytes(k.func))[:n]
+    return sorted(ks.kernels, key=lambda k: pk.nbytes(k.func))[:n]
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["metaschedule", "seeded"])
 def test_metaschedule(decode, tmp_path, seeded):
     wl, ks = decode
-    target = phi2_bench.resolve_target("llvm")
-    mods = {k.name: phi2_bench.normalize(k.func) for k in _small_kernels(ks)}
-    db = phi2_bench.open_db(str(tmp_path / "db"))
-    dl = {n: phi2_bench.dlight_schedule(m, target) for n, m in mods.items()}
+    target = resolve_target("llvm")
+    mods = {k.name: pk.normalize(k.func) for k in _small_kernels(ks)}
+    db_dir = str(tmp_path / "db")
+    trials = 2 + int(seeded)  # the seed record counts as one
     if seeded:
-        phi2_bench.seed_database(db, mods, dl, target, {n: 1.0 for n in mods})  # 1 s: any tuned beats it
-    phi2_bench.tune(db, mods, target, str(tmp_path / "work"), 2 + int(seeded), print, per_iter=2)
+        dl = {n: pk.dlight_schedule(m, target) for n, m in mods.items()}
+        pk.seed_database(kernel_database(db_dir), mods, dl, target, {n: 1.0 for n in mods})  # 1 s: any tuned beats it
+    # the stack's plain LocalRunner, cache flushed before each run
+    added = tune_kernels(mods, target, db_dir, trials, log_dir=str(tmp_path / "work"), per_iter=2,
+                         runner=make_runner(flush_cache=True))
+    db = open_database(db_dir)
     pairs = []
     for n, m in mods.items():
-        best = phi2_bench.best_schedule(db, m, target)
+        assert added[n] == 2 == len(measure_order(db_dir, m))  # one entry per measured candidate
+        assert len(records_of(db, m)) == trials
+        # plain LocalRunner on llvm measures candidates (not "Unknown device: llvm" for every one)
+        assert any(secs is not None and 0 < secs < 1.0 for secs in measure_order(db_dir, m))
+        best = pk.best_schedule(db, m)
         assert best is not None, n
         pairs.append((m, best))
-        if seeded:
-            assert phi2_bench.trials_to_beat(db, m, 1.0, True) in (1, 2)
+        assert trials_to_beat(db_dir, m, 1.0) in (1, 2)  # the first measured candidate beats 1 s
+        assert trials_to_beat(db_dir, m, 0.0) is None  # nothing runs in no time
     # what a --from-logs bench reports as trials per kernel: the most records of any kernel
-    most = max(len(db.get_top_k(db.commit_workload(m), 100)) for m in mods.values())
-    assert phi2_bench._database_trials({False: {"metaschedule": db}}) == most <= 2 + int(seeded) + int(seeded)
+    assert phi2_bench.database_trials({False: {"metaschedule": db_dir}}) == trials
     ok, msg = _run(wl, pairs)
     assert ok, msg
+    # resuming with the same budget measures nothing more
+    again = tune_kernels(mods, target, db_dir, trials, log_dir=str(tmp_path / "work"))
+    assert set(again.values()) == {0}
+    assert all(len(records_of(open_database(db_dir), m)) == trials for m in mods.values())
 
 
 def test_seeded_without_tuning_is_dlight(decode, tmp_path):
     wl, ks = decode
-    target = phi2_bench.resolve_target("llvm")
-    mods = {k.name: phi2_bench.normalize(k.func) for k in ks.kernels}
-    dl = {n: phi2_bench.dlight_schedule(m, target) for n, m in mods.items()}
-    db = phi2_bench.open_db(str(tmp_path / "db"))
-    phi2_bench.seed_database(db, mods, dl, target, {n: 1e-3 for n in mods})
-    pairs = [(m, phi2_bench.best_schedule(db, m, target)) for m in mods.values()]
-    assert phi2_bench._database_trials({True: {"metaschedule": db}}) == 1  # one dlight record per kernel
+    target = resolve_target("llvm")
+    mods = {k.name: pk.normalize(k.func) for k in ks.kernels}
+    dl = {n: pk.dlight_schedule(m, target) for n, m in mods.items()}
+    db_dir = str(tmp_path / "db")
+    db = kernel_database(db_dir)
+    pk.seed_database(db, mods, dl, target, {n: 1e-3 for n in mods})
+    pairs = [(m, pk.best_schedule(db, m)) for m in mods.values()]
+    assert phi2_bench.database_trials({True: {"metaschedule": db_dir}}) == 1  # one dlight record per kernel
+    assert all(trials_to_beat(db_dir, m, 1.0) is None for m in mods.values())  # the seed was not measured
     for (m, best), (rule, sch) in zip(pairs, dl.values()):
         expect = sch.mod if sch is not None else m
         # the seeded database's best record replays to exactly the dlight schedule
@@ -115,11 +133,11 @@ def test_seeded_without_tuning_is_dlight(decode, tmp_path):
 def test_prefill_both_fusions_match_reference():
     for fusion in (False, True):
         wl = phi2.build_prefill(tokens=8, config="reduced", fusion=fusion)
-        target = phi2_bench.resolve_target("llvm")
+        target = resolve_target("llvm")
         pairs = []
         for k in phi2.kernels(wl).kernels:
-            m = phi2_bench.normalize(k.func)
-            _, sch = phi2_bench.dlight_schedule(m, target)
+            m = pk.normalize(k.func)
+            _, sch = pk.dlight_schedule(m, target)
             if sch is not None:
                 pairs.append((m, sch.mod))
         ok, msg = _run(wl, pairs)
@@ -129,7 +147,7 @@ def test_prefill_both_fusions_match_reference():
 @pytest.mark.slow  # ~2 min on 2 cores: 6 nvcc calls + MetaSchedule's 45 s tensor_intrin import
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_cuda_build_only_reduced(tmp_path):
-    res = phi2_bench.run("phi2-decode", target=phi2_bench.cuda_target("sm_80"), build_only=True,
+    res = phi2_bench.run("phi2-decode", target=cuda_target("sm_80"), build_only=True,
                          config="reduced", context=CTX, tuning_dir=str(tmp_path), log=print)
     assert res["built"] > 0
     assert {k["schedule"] for k in res["kernels"]} == {"dlight", "metaschedule", "seeded"}
@@ -138,12 +156,56 @@ def test_cuda_build_only_reduced(tmp_path):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_cuda_dlight_fused_reduced_compiles_with_nvcc():
     """Fast part of the build-only path: every fused kernel under dlight gpu rules, one nvcc call."""
-    target = phi2_bench.cuda_target("sm_80")
+    target = cuda_target("sm_80")
     wl = phi2.build_decode(context=CTX, config="reduced", fusion=True, compute_dtype="float16")
     mods = {}
     for k in phi2.kernels(wl).kernels:
-        m = phi2_bench.normalize(k.func)
-        rule, sch = phi2_bench.dlight_schedule(m, target, phi2_bench._validate_build(target))
+        m = pk.normalize(k.func)
+        rule, sch = pk.dlight_schedule(m, target, pk.build_validator(target))
         assert sch is not None, f"{k.name}: no dlight gpu rule that builds ({rule})"
         mods[k.name] = sch.mod
-    assert phi2_bench.build_cuda_with_nvcc(phi2_bench.combine(mods), target) > 0
+    pk.nvcc_build(pk.combine(mods), target)  # raises with nvcc's error if it does not compile
+
+
+def test_rows_and_table_from_given_times():
+    """The bench's rows, fusion losses, targets and the CLI table, from made-up kernel times
+    (metaschedule = half of dlight, seeded = dlight): the arithmetic, not a measurement."""
+    from tvm_ext.cli.phi2_table import format_table
+
+    _, kss = pk.kernelsets("phi2-decode", "reduced", CTX, 8, "float32")
+    sec, rules, beat, verified = {}, {}, {}, {}
+    for fusion in (False, True):
+        rules[fusion] = {k.name: "GEMV" for k in kss[fusion].kernels}
+        beat[fusion] = {"metaschedule": {k.name: 3 for k in kss[fusion].kernels}, "seeded": {}}
+        for i, k in enumerate(kss[fusion].kernels):
+            for s, scale in (("dlight", 1.0), ("metaschedule", 0.5), ("seeded", 1.0)):
+                sec[(fusion, s, k.name)] = 1e-4 * (i + 1) * scale
+        for s in phi2_bench.SCHEDULES:
+            verified[(fusion, s)] = "ok"
+    rows = phi2_bench._rows(kss, sec, 10.0, rules, beat, verified, ntok=1)
+    assert len(rows) == 6
+    off_dl = phi2_bench.row(rows, "off", "dlight")
+    layer = [k for k in kss[False].kernels if k.part == "layer"]
+    assert off_dl["layer_ms"] == pytest.approx(sum(sec[(False, "dlight", k.name)] * 1e3 * k.calls for k in layer))
+    assert off_dl["bound_layer_ms"] == pytest.approx(sum(pk.nbytes(k.func) / 10.0 / 1e6 * k.calls for k in layer))
+    assert off_dl["vs_dlight_off"] == 1.0
+    assert phi2_bench.row(rows, "off", "metaschedule")["vs_dlight_off"] == pytest.approx(2.0)
+    assert {k["trials_to_beat_dlight"] for k in phi2_bench.row(rows, "on", "metaschedule")["kernels"]} == {3}
+    assert {k["trials_to_beat_dlight"] for k in phi2_bench.row(rows, "on", "seeded")["kernels"]} == {None}
+    losses = phi2_bench._fusion_losses(rows)
+    assert losses and all(len(loss["parts"]) >= 2 for loss in losses)
+    assert all(loss["slower"] == (loss["fused_ms"] > loss["parts_ms"]) for loss in losses)
+    targets = phi2_bench._targets(rows, None)
+    assert targets["ms_over_dlight_fused"] == pytest.approx(0.5)
+    assert targets["seeded_worst_kernel_vs_dlight"] == pytest.approx(1.0)
+    assert targets["best_fused"] == "metaschedule" and targets["torch_bf16_over_best_fused"] is None
+    result = {"workload": "phi2-decode", "target": "llvm", "device": "cpu", "threads": 2,
+              "bandwidth_gbs": 10.0, "compute_dtype": "float32", "trials_per_kernel": 3, "rows": rows,
+              "fusion_losses": losses, "targets": targets}
+    lines = format_table(result).splitlines()
+    assert lines[0].startswith("phi2-decode on llvm (cpu, 2 threads), compute dtype float32 (q4f32_1)")
+    names = {k.name[:44] for ks in kss.values() for k in ks.kernels}
+    # per-kernel rows: name, calls, bound, dlight, ms, seeded, dl rule, beat@ms, beat@sd
+    kernel_lines = [cells for cells in map(str.split, lines) if len(cells) == 9 and cells[0] in names]
+    assert len(kernel_lines) == len(kss[False].kernels) + len(kss[True].kernels)
+    assert all(cells[-2:] == ["3", "-"] for cells in kernel_lines)  # beat@ms, beat@sd

@@ -58,7 +58,9 @@ def run(args) -> int:
                                 from_logs=args.from_logs, build_only=args.build_only, out_json=out,
                                 log=log, config=args.config,
                                 **({} if args.rounds is None else {"rounds": args.rounds}))
-        print(phi2_bench.format_table(result) if not args.build_only else result)
+        from tvm_ext.cli.phi2_table import format_table
+
+        print(format_table(result) if not args.build_only else result)
         return 0
     from tvm_ext.bench import int8 as bench_int8
 

@@ -1,0 +1,253 @@
+"""Phi-2 bench kernels: the three ways each kernel is scheduled (dlight, MetaSchedule,
+seeded with dlight), how they are built, checked and timed.
+
+Tuning, databases and candidate sampling go through ``tvm_ext.tune``; CUDA source and
+nvcc through ``tvm_ext.lowering`` and ``tvm_ext.check.nvcc``.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import tvm_ffi
+
+from tvm_ext.arrays import random_arrays
+from tvm_ext.rulesets import space
+
+GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+
+def is_gpu(target) -> bool:
+    return target.kind.name in GPU_KINDS
+
+
+def normalize(func):
+    """The IRModule MetaSchedule keys a PrimFunc by (see TuneContext)."""
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    func = func.without_attr("global_symbol") if func.attrs and "global_symbol" in func.attrs else func
+    return _normalize_mod(func.with_attr("global_symbol", "main"))
+
+
+def kernelsets(workload, config, context, tokens, dtype):
+    """({fusion: Workload}, {fusion: KernelSet}) for fusion off (False) and on (True)."""
+    from tvm_ext.workloads import phi2
+
+    out, wls = {}, {}
+    for fusion in (False, True):
+        if workload == "phi2-decode":
+            wl = phi2.build_decode(context=context, config=config, fusion=fusion, compute_dtype=dtype)
+        elif workload == "phi2-prefill":
+            wl = phi2.build_prefill(tokens=tokens, config=config, fusion=fusion, compute_dtype=dtype)
+        else:
+            raise ValueError(f"unknown phi2 workload {workload!r}")
+        wls[fusion] = wl
+        out[fusion] = phi2.kernels(wl)
+    return wls, out
+
+
+# --------------------------------------------------------------------------- dlight
+def dlight_rules(target):
+    from tvm.s_tir import dlight as dl
+
+    if is_gpu(target):
+        g = dl.gpu
+        return [g.Matmul(), g.GEMV(), g.LowBatchGEMV(), g.Reduction(), g.GeneralReduction(), g.Fallback()]
+    return [dl.cpu.GEMV(), dl.cpu.Reduction()]
+
+
+def dlight_schedule(mod, target, validate=None):
+    """(rule name, Schedule) for the first dlight rule that applies; ("none", None) if none
+    does (on llvm the kernel then compiles unscheduled).  With ``validate`` (a callable that
+    raises when a scheduled module does not build), a rule whose schedule fails is skipped
+    and named in the result, e.g. "Fallback (GEMV failed)"."""
+    func = mod["main"]
+    failed = []
+    with target:
+        for rule in dlight_rules(target):
+            name = type(rule).__name__
+            try:
+                sch = rule.apply(func, target, False)
+            except Exception:  # noqa: BLE001 -- a rule that crashes counts as not applying
+                sch = None
+            if isinstance(sch, (list, tuple)):
+                sch = sch[0] if sch else None
+            if sch is None:
+                continue
+            if validate is not None:
+                try:
+                    validate(sch.mod)
+                except Exception:  # noqa: BLE001
+                    failed.append(name)
+                    continue
+            return (f"{name} ({', '.join(failed)} failed)" if failed else name), sch
+    return ("none" + (f" ({', '.join(failed)} failed)" if failed else "")), None
+
+
+# --------------------------------------------------------------------------- build
+def build(mod, target):
+    import tvm
+
+    return tvm.compile(mod, target=target)
+
+
+def build_validator(target):
+    """None on CPU (everything dlight makes builds); on GPU a function that builds with nvcc."""
+    if not is_gpu(target):
+        return None
+    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
+    return lambda m: build(m, target)
+
+
+def nvcc_build(mod, target) -> None:
+    """Generate ``mod``'s CUDA source and compile it with nvcc for the target's arch (no GPU
+    needed); RuntimeError with nvcc's first error line if it does not compile."""
+    from tvm_ext.check.nvcc import compile_cuda
+    from tvm_ext.lowering import cuda_source
+
+    ok, error = compile_cuda(cuda_source(mod, target), str(target.attrs.get("arch", "sm_80")))
+    if not ok:
+        raise RuntimeError(f"nvcc: {error}")
+
+
+def combine(named_mods):
+    """One IRModule holding the "main" of each {name: IRModule}, renamed to its kernel name."""
+    import tvm
+
+    return tvm.IRModule({name: mod["main"].with_attr("global_symbol", name)
+                         for name, mod in named_mods.items()})
+
+
+def sampled_schedule(mod, target, seed: int = 0):
+    """One candidate of MetaSchedule's design space with every postprocessor applied
+    (VerifyGPUCode included), as an IRModule; None if no draw passes."""
+    from tvm_ext.tune.sampling import sample_candidates, tune_context
+
+    ctx = tune_context(mod, target, space(target))
+    schs = sample_candidates(mod, target, ctx.space_generator, 1, seed=seed, context=ctx,
+                             postprocs=list(ctx.space_generator.postprocs))
+    return schs[0].mod if schs else None
+
+
+# --------------------------------------------------------------------------- run
+def random_args(func, dev, rng):
+    """Random device arguments for ``func``: every nibble of the packed uint32 weights random,
+    other integers in [0, 15], floats in [-1, 1]."""
+    import tvm
+
+    arrays = random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
+    return [tvm.runtime.tensor(a, dev) for a in arrays]
+
+
+def nbytes(func) -> int:
+    """Bytes of all parameters of ``func`` (what one call moves at least)."""
+    total = 0
+    for p in func.params:
+        n = 1
+        for s in p.shape:
+            n *= int(s)
+        total += n * np.dtype(str(p.dtype)).itemsize
+    return total
+
+
+def timer(rt_mod, dev, repeat):
+    """A time evaluator of ``main``, flushing the CPU cache before each run on CPU."""
+    pre = "cache_flush_cpu_non_first_arg" if dev.dlpack_device_type() == 1 else ""
+    rt_mod = rt_mod.jit() if hasattr(rt_mod, "jit") else rt_mod
+    return rt_mod.time_evaluator("main", dev, number=1, repeat=repeat, f_preproc=pre)
+
+
+def measure_bandwidth(dev, mb=512, repeat=3):
+    """Copy bandwidth in GB/s (bytes read + written per second) of a parallel vectorized TVM
+    copy of ``mb`` MiB float32, and of numpy.copyto for reference."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    n = mb * 1024 * 1024 // 4
+    a = te.placeholder((n,), "float32", name="a")
+    b = te.compute((n,), lambda i: a[i], name="b")
+    sch = Schedule(te.create_prim_func([a, b]))
+    (i,) = sch.get_loops(sch.get_sblock("b"))
+    o, v = sch.split(i, [None, 16])
+    sch.parallel(o)
+    sch.vectorize(v)
+    rt = tvm.compile(sch.mod, target="llvm").jit()
+    x = tvm.runtime.tensor(np.ones(n, "float32"), dev)
+    y = tvm.runtime.empty((n,), "float32", dev)
+    f = rt.time_evaluator("main", dev, number=1, repeat=repeat)
+    f(x, y)
+    tvm_s = min(f(x, y).results)
+    src, dst = np.ones(n, "float32"), np.empty(n, "float32")
+    np.copyto(dst, src)
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t0)
+    return 2 * n * 4 / tvm_s / 1e9, 2 * n * 4 / min(ts) / 1e9
+
+
+def verify(wl, pairs, target, dev):
+    """Substitute the scheduled kernels ``[(normalized kernel, scheduled IRModule)]`` into the
+    workload's Relax module, run it on the VM and compare with the NumPy reference:
+    (ok, message)."""
+    import tvm
+    from tvm import relax
+
+    mod = wl.mod
+    repl = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            key = normalize(func)
+            for orig, sch_mod in pairs:
+                if tvm_ffi.structural_equal(orig, key):
+                    repl[gv] = sch_mod["main"].with_attr("global_symbol", gv.name_hint)
+                    break
+    for gv, f in repl.items():
+        mod[gv] = f
+    ex = tvm.compile(mod, target=target)
+    vm = relax.VirtualMachine(ex, dev)
+    out = vm["main"](*[tvm.runtime.tensor(a, dev) for a in wl.inputs]).numpy()
+    return wl.check(out)
+
+
+# --------------------------------------------------------------------------- databases
+def log_dir(tuning_dir, kind, target, fusion, schedule):
+    """tuning_logs/phi2-<kind>-<target kind>-<fused|unfused>/<schedule>."""
+    tname = target.kind.name
+    return os.path.join(tuning_dir, f"phi2-{kind}-{tname}-{'fused' if fusion else 'unfused'}", schedule)
+
+
+def seed_database(db, mods, dlight, target, dlight_secs):
+    """Commit the dlight schedule of each kernel as a tuning record (empty trace where dlight
+    has no rule, i.e. the unscheduled kernel), with its measured time."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    for name, mod in mods.items():
+        if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
+            continue
+        wl = db.commit_workload(mod)
+        sch = dlight[name][1]
+        if sch is None:
+            # no dlight rule: seed the unscheduled kernel.  A record with an empty trace is
+            # written but never returned by JSONDatabase queries, so record a no-op lookup.
+            sch = Schedule(mod)
+            sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
+        db.commit_tuning_record(
+            ms.database.TuningRecord(
+                sch.trace, wl, run_secs=[float(dlight_secs[name])], target=target,
+                args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
+            )
+        )
+
+
+def best_schedule(db, mod):
+    """The best scheduled IRModule in ``db`` for ``mod``, or None."""
+    from tvm_ext.tune.apply import scheduled_mod
+    from tvm_ext.tune.database import best_record
+
+    record = best_record(db, mod)
+    return None if record is None else scheduled_mod(record, mod)
