@@ -1,8 +1,18 @@
-"""TE kernels the tests schedule: the seed's quantized conv + requantize pattern."""
+"""Small helpers the tests share: targets, the seed's requantize kernel, seeded design spaces.
+
+Importing this module imports TVM's tensor intrinsics the fast way: the first
+``ms.TuneContext`` of a process imports them anyway, which without
+``tvm_ext.intrinsics.fast_import`` costs 30-50 s inside pytest (whichever test came first).
+"""
 from __future__ import annotations
 
 import tvm
 from tvm import te, tirx
+from tvm.script import tirx as T
+
+from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
+
+import_tensor_intrinsics()
 
 CUDA = {"kind": "cuda", "arch": "sm_80", "max_threads_per_block": 1024,
         "max_shared_memory_per_block": 49152, "thread_warp_size": 32}
@@ -25,17 +35,40 @@ def requantize_primfunc(rows: int = 256, cols: int = 64) -> tirx.PrimFunc:
     return te.create_prim_func([x, m, l, r, y])
 
 
-def design_spaces(func, target, sch_rules=None, ruleset=None, postprocs=()):
-    """Sketches of ``func`` under a rule set of tvm_ext or an explicit rule list."""
+def annotated(rule_name: str, block: str = "b") -> tirx.PrimFunc:
+    """c = a * 2 + 1 through b; ``block`` ("b" or "c") carries ``schedule_rule: rule_name``."""
+    attrs = {name: {"schedule_rule": rule_name} if name == block else {} for name in ("b", "c")}
+
+    @T.prim_func(s_tir=True)
+    def func(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
+        b = T.sblock_alloc_buffer((16,), "float32")
+        for i in range(16):
+            with T.sblock("b"):
+                vi = T.axis.spatial(16, i)
+                T.sblock_attr(attrs["b"])
+                b[vi] = a[vi] * T.float32(2)
+        for i in range(16):
+            with T.sblock("c"):
+                vi = T.axis.spatial(16, i)
+                T.sblock_attr(attrs["c"])
+                c[vi] = b[vi] + T.float32(1)
+    return func
+
+
+def design_spaces(func, target, sch_rules=None, ruleset=None):
+    """Sketches of ``func`` under a rule set of tvm_ext (``ruleset``) or an explicit rule list.
+
+    TVM's ``ms.testing.space_generation.generate_design_space`` does the same without a
+    seed; the sketches sample decisions (e.g. compute locations, which change the number
+    of loop nests), so tests that compare two spaces need this seeded one."""
     import tvm_ext
     from tvm.s_tir import meta_schedule as ms
 
     if ruleset is not None:
         sch_rules = tvm_ext.default_rules(target, ruleset)
-    space = ms.space_generator.PostOrderApply(sch_rules=list(sch_rules), postprocs=list(postprocs),
-                                              mutator_probs={})
+    space = ms.space_generator.PostOrderApply(sch_rules=list(sch_rules), postprocs=[], mutator_probs={})
     ctx = ms.TuneContext(mod=tvm.IRModule({"main": func}), target=target, task_name="t",
-                         space_generator=space, rand_state=0)  # sketches sample decisions
+                         space_generator=space, rand_state=0)
     return ctx.generate_design_space()
 
 
@@ -43,5 +76,4 @@ def upstream_rules_without(target, rule_name):
     """TVM's default rules for the target minus the rule named ``rule_name``."""
     from tvm.s_tir import meta_schedule as ms
 
-    kind = target.kind.name
-    return [r for r in ms.ScheduleRule.create(kind) if type(r).__name__ != rule_name]
+    return [r for r in ms.ScheduleRule.create(target.kind.name) if type(r).__name__ != rule_name]

@@ -4,27 +4,12 @@ import warnings
 import pytest
 import tvm
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing.space_generation import generate_design_space
 from tvm.script import tirx as T
 
 import tvm_ext  # noqa: F401  (registers the custom-rule functions)
-from kernels import cuda_target, design_spaces, llvm_target
+from kernels import annotated, cuda_target, design_spaces, llvm_target
 from tvm_ext.rules import ApplyBlockAttrRule
-
-
-def annotated(rule_name):
-    @T.prim_func(s_tir=True)
-    def func(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
-        b = T.sblock_alloc_buffer((16,), "float32")
-        for i in range(16):
-            with T.sblock("b"):
-                vi = T.axis.spatial(16, i)
-                T.sblock_attr({"schedule_rule": rule_name})
-                b[vi] = a[vi] * T.float32(2)
-        for i in range(16):
-            with T.sblock("c"):
-                vi = T.axis.spatial(16, i)
-                c[vi] = b[vi] + T.float32(1)
-    return func
 
 
 @T.prim_func(s_tir=True)
@@ -33,22 +18,6 @@ def inlined(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
         with T.sblock("c"):
             vi = T.axis.spatial(16, i)
             c[vi] = a[vi] * T.float32(2) + T.float32(1)
-
-
-def reverse_annotated():
-    @T.prim_func(s_tir=True)
-    def func(a: T.Buffer((16,), "float32"), c: T.Buffer((16,), "float32")):
-        b = T.sblock_alloc_buffer((16,), "float32")
-        for i in range(16):
-            with T.sblock("b"):
-                vi = T.axis.spatial(16, i)
-                b[vi] = a[vi] * T.float32(2)
-        for i in range(16):
-            with T.sblock("c"):
-                vi = T.axis.spatial(16, i)
-                T.sblock_attr({"schedule_rule": "reverse_compute_inline"})
-                c[vi] = b[vi] + T.float32(1)
-    return func
 
 
 @T.prim_func(s_tir=True)
@@ -64,7 +33,8 @@ RULES = {"tvm ApplyCustomRule": ms.schedule_rule.ApplyCustomRule, "tvm_ext Apply
 
 
 def only_sketch(func, target, rule):
-    (sketch,) = design_spaces(func, target, sch_rules=[rule()])
+    (sketch,) = generate_design_space(target.kind.name, tvm.IRModule({"main": func}), target, None,
+                                      sch_rules=[rule()])
     return sketch.mod["main"]
 
 
@@ -82,7 +52,7 @@ def test_compute_inline_annotation(target, rule):
 @pytest.mark.parametrize("target", TARGETS, ids=["llvm", "cuda"])
 @pytest.mark.parametrize("rule", RULES.values(), ids=RULES.keys())
 def test_reverse_compute_inline_annotation(target, rule):
-    before = reverse_annotated()
+    before = annotated("reverse_compute_inline", block="c")
     same(only_sketch(before, target, rule), reverse_inlined, before)
 
 
@@ -106,5 +76,7 @@ def test_unknown_rule_name_warns_and_leaves_block():
 
 def test_plugin_space_honours_annotations_end_to_end():
     before = annotated("compute_inline")
-    for sketch in design_spaces(before, llvm_target(), ruleset="plugin"):
+    sketches = design_spaces(before, llvm_target(), ruleset="plugin")
+    assert sketches
+    for sketch in sketches:
         assert 'T.sblock("b")' not in sketch.mod["main"].script()

@@ -2,7 +2,7 @@
 import pytest
 import tvm
 from tvm.s_tir import Schedule
-from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.testing.space_generation import generate_design_space
 from tvm.script import tirx as T
 
 from kernels import llvm_target
@@ -12,11 +12,8 @@ from tvm_ext.rules.inline_constant_scalars import inline_constant_scalars
 
 def apply_rule(func):
     """Run the rule through PostOrderApply, as MetaSchedule does; return the one sketch."""
-    ctx = ms.TuneContext(
-        mod=tvm.IRModule({"main": func}), target=llvm_target(), task_name="t",
-        space_generator=ms.space_generator.PostOrderApply(
-            sch_rules=[InlineConstantScalars()], postprocs=[], mutator_probs={}))
-    (sketch,) = ctx.generate_design_space()
+    (sketch,) = generate_design_space("llvm", tvm.IRModule({"main": func}), llvm_target(), None,
+                                      sch_rules=[InlineConstantScalars()])
     return sketch.mod["main"]
 
 

@@ -1,6 +1,7 @@
 """The rules never raise on odd input: no blocks, dynamic shapes, opaque blocks."""
 import pytest
 import tvm
+from tvm.s_tir.meta_schedule.testing.space_generation import generate_design_space
 from tvm.script import tirx as T
 
 from kernels import cuda_target, design_spaces, llvm_target
@@ -47,7 +48,8 @@ RULES = [InlineConstantScalars, ApplyBlockAttrRule]
 @pytest.mark.parametrize("func", [no_blocks, dynamic, opaque], ids=["no-blocks", "dynamic", "opaque"])
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.__name__)
 def test_rule_does_not_raise(func, rule):
-    spaces = design_spaces(func, llvm_target(), sch_rules=[rule()])
+    spaces = generate_design_space("llvm", tvm.IRModule({"main": func}), llvm_target(), None,
+                                   sch_rules=[rule()])
     assert len(spaces) == 1
 
 

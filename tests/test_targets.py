@@ -69,14 +69,21 @@ def test_generic_and_vnni_detection():
     assert not T.has_vnni("cuda-sm80")
 
 
-@pytest.mark.parametrize("name,arch", [("cuda-sm75", "sm_75"), ("cuda-sm80", "sm_80"), ("cuda-sm90", "sm_90")])
-def test_cuda_presets(name, arch):
+@pytest.mark.parametrize("name,arch,gpu", [("cuda-sm75", "sm_75", "nvidia/nvidia-t4"),
+                                           ("cuda-sm80", "sm_80", "nvidia/nvidia-a100"),
+                                           ("cuda-sm90", "sm_90", "nvidia/nvidia-h100")])
+def test_cuda_presets(name, arch, gpu):
+    """The limits VerifyGPUCode checks are those TVM's own tag gives a GPU of that arch."""
+    from tvm.target import tag
+
+    from tvm_ext.postprocs.verify_gpu_code import REQUIRED_TARGET_ATTRS, target_limits
+
     t = T.resolve_target(name)
     assert t.kind.name == "cuda"
     assert str(t.attrs["arch"]) == arch
-    assert int(t.attrs["max_threads_per_block"]) == 1024
-    assert int(t.attrs["max_shared_memory_per_block"]) == 49152
-    assert int(t.attrs["thread_warp_size"]) == 32
+    reference = tag.list_tags()[gpu].attrs
+    assert str(reference["arch"]).startswith(arch)  # sm_90a for the H100
+    assert target_limits(t) == {attr: int(reference[attr]) for attr in REQUIRED_TARGET_ATTRS}
     assert T.target_key(t) == "cuda"
 
 
