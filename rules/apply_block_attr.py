@@ -4,12 +4,18 @@ Pattern: a block annotated with a schedule_rule name, e.g. a constant block that
 frontend marked ``"compute_inline"`` instead of relying on its name.
 
 Why: TVM's ApplyCustomRule looks the name up as ``s_tir.meta_schedule.<key>.<name>``
-for the target's keys only (``cpu`` for llvm, ``cuda``/``gpu`` for cuda) and TVM
-registers no ``compute_inline`` function at all. This module registers
+for the target's keys only (``cpu`` for llvm, ``cuda``/``gpu`` for cuda) and TVM 0.27
+registers no ``compute_inline`` function at all. ``register_custom_rules`` registers
 ``compute_inline`` and ``reverse_compute_inline`` for the ``cpu``, ``gpu``, ``cuda``
-and ``generic`` keys (so TVM's own ApplyCustomRule finds them), and provides a rule
-that also tries the ``generic`` key. An unknown name gives a warning naming every
+and ``generic`` keys (so TVM's own ApplyCustomRule finds them), and this module provides
+a rule that also tries the ``generic`` key. An unknown name gives a warning naming every
 function looked up and leaves the block as is.
+
+Those names are in TVM's namespace: a later TVM (or another plugin) may define them.
+``register_custom_rules`` remembers what each name held before and
+``restore_custom_rules`` puts it back (or removes ours where there was nothing);
+``register_custom_rules(override=False)`` leaves a name that already holds someone
+else's function alone. ``tvm_ext.registration`` drives both (``import tvm_ext``).
 
 PostOrderApply skips annotated blocks for every rule except TVM's ApplyCustomRule,
 so this rule handles all annotated blocks of the function whenever it is applied
@@ -30,6 +36,7 @@ from tvm_ext.tir_utils import blocks_of, prim_funcs
 
 ANNOTATION = "schedule_rule"
 CUSTOM_RULE_KEYS = ("cpu", "gpu", "cuda", "generic")
+CUSTOM_RULES = ("compute_inline", "reverse_compute_inline")
 
 
 def custom_rule_name(key: str, rule: str) -> str:
@@ -50,11 +57,43 @@ def _inliner(primitive: str):
     return apply_inline
 
 
-def register_custom_rules() -> None:
-    """Register compute_inline / reverse_compute_inline for every key (idempotent)."""
-    for rule in ("compute_inline", "reverse_compute_inline"):
-        for key in CUSTOM_RULE_KEYS:
-            tvm_ffi.register_global_func(custom_rule_name(key, rule), _inliner(rule), override=True)
+def custom_rule_functions() -> dict:
+    """Global-registry name -> function, for every custom rule and key this module provides."""
+    return {custom_rule_name(key, rule): _inliner(rule)
+            for rule in CUSTOM_RULES for key in CUSTOM_RULE_KEYS}
+
+
+# name -> what the registry held there before register_custom_rules replaced it (None: nothing)
+_REPLACED: dict = {}
+
+
+def register_custom_rules(override: bool = True) -> list[str]:
+    """Register compute_inline / reverse_compute_inline for every key; returns the names.
+
+    ``override=False`` skips a name that already holds a function not registered here.
+    Calling again is safe: it first restores the registry (``restore_custom_rules``), so
+    what was there before the first call is what a restore puts back."""
+    restore_custom_rules()
+    registered = []
+    for name, func in custom_rule_functions().items():
+        previous = tvm.get_global_func(name, allow_missing=True)
+        if previous is not None and not override:
+            continue
+        _REPLACED[name] = previous
+        tvm_ffi.register_global_func(name, func, override=True)
+        registered.append(name)
+    return registered
+
+
+def restore_custom_rules() -> None:
+    """Undo ``register_custom_rules``: every name gets back the function it held before, and
+    a name that held none is removed from the registry."""
+    for name, previous in list(_REPLACED.items()):
+        if previous is None:
+            tvm_ffi.registry.remove_global_func(name)
+        else:
+            tvm_ffi.register_global_func(name, previous, override=True)
+        del _REPLACED[name]
 
 
 def _lookup(rule: str, keys) -> tuple:

@@ -5,6 +5,12 @@ Quick use::
     import tvm_ext
     from tvm.s_tir import meta_schedule as ms
     ms.tune_tir(mod, target, work_dir, max_trials_global=64, space=tvm_ext.space(target))
+
+Importing registers the rules and postprocs in TVM's global registry, including
+``s_tir.meta_schedule.<key>.compute_inline`` functions in TVM's namespace; see
+``tvm_ext.registration`` for what that overrides, how to undo it
+(``tvm_ext.registration.restore_tvm_functions()``) and how to refuse it
+(``TVM_EXT_NO_OVERRIDE=1``).
 """
 from __future__ import annotations
 

@@ -1,29 +1,76 @@
 """Make every rule and postproc reachable by name through TVM's global registry.
 
-``tvm.get_global_func("tvm_ext.schedule_rule.InlineConstantScalars")()`` returns a
-rule usable in PostOrderApply from any language that can call a PackedFunc.
-Registration overrides earlier entries, so importing twice is safe.
+``import tvm_ext`` calls ``register_all()``; that is the contract: afterwards
+
+* ``tvm_ext.schedule_rule.InlineConstantScalars``, ``tvm_ext.schedule_rule.ApplyBlockAttrRule``
+  and ``tvm_ext.postproc.VerifyGPUCode`` construct our objects
+  (``tvm.get_global_func("tvm_ext.schedule_rule.InlineConstantScalars")()``), usable in
+  PostOrderApply from any language that can call a PackedFunc;
+* ``s_tir.meta_schedule.<key>.compute_inline`` and ``...reverse_compute_inline`` for the
+  keys ``cpu``, ``gpu``, ``cuda`` and ``generic`` inline a block, so that TVM's own
+  ApplyCustomRule honours ``T.sblock_attr({"schedule_rule": "compute_inline"})``
+  (see ``tvm_ext.rules.apply_block_attr``).
+
+The second group lives in TVM's namespace. TVM 0.27 defines none of these names, but a
+later TVM or another plugin may, and then importing tvm_ext **overrides** their function.
+That is reversible and can be refused:
+
+* ``restore_tvm_functions()`` puts back whatever each of those names held before tvm_ext
+  registered it, and removes ours where there was nothing;
+* ``unregister()`` does that and also removes the ``tvm_ext.*`` names;
+* ``TVM_EXT_NO_OVERRIDE=1`` in the environment at import (or ``register_all(override=False)``)
+  registers a TVM-namespace name only where nothing is registered yet.
+
+Importing twice (or calling ``register_all`` again) is safe: it restores first, so the
+functions remembered are always those that were there before tvm_ext.
 """
 from __future__ import annotations
+
+import os
 
 import tvm_ffi
 
 RULE_PREFIX = "tvm_ext.schedule_rule."
 POSTPROC_PREFIX = "tvm_ext.postproc."
+NO_OVERRIDE_ENV = "TVM_EXT_NO_OVERRIDE"
+
+_OWN: list[str] = []  # tvm_ext.* names registered by register_all
 
 
-def register_all() -> list[str]:
-    """Register constructors and custom-rule functions; returns the names registered."""
+def register_all(override: bool | None = None) -> list[str]:
+    """Register constructors and custom-rule functions; returns the names registered.
+
+    ``override`` (default: True unless ``TVM_EXT_NO_OVERRIDE=1``): whether a name in TVM's
+    namespace that already holds a function is given ours."""
     from tvm_ext import postprocs, rules
+    from tvm_ext.rules import apply_block_attr
 
+    if override is None:
+        override = os.environ.get(NO_OVERRIDE_ENV, "") in ("", "0")
     names = []
     for cls in (rules.InlineConstantScalars, rules.ApplyBlockAttrRule):
         names.append(_register(RULE_PREFIX + cls.__name__, cls))
     names.append(_register(POSTPROC_PREFIX + "VerifyGPUCode", postprocs.VerifyGPUCode))
-    rules.register_custom_rules()
+    names += apply_block_attr.register_custom_rules(override=override)
     return names
+
+
+def restore_tvm_functions() -> None:
+    """Give every name in TVM's namespace back what it held before tvm_ext registered it."""
+    from tvm_ext.rules import apply_block_attr
+
+    apply_block_attr.restore_custom_rules()
+
+
+def unregister() -> None:
+    """Undo ``register_all``: TVM's namespace restored, the ``tvm_ext.*`` names removed."""
+    restore_tvm_functions()
+    while _OWN:
+        tvm_ffi.registry.remove_global_func(_OWN.pop())
 
 
 def _register(name: str, cls) -> str:
     tvm_ffi.register_global_func(name, lambda: cls(), override=True)
+    if name not in _OWN:
+        _OWN.append(name)
     return name
