@@ -1,92 +1,153 @@
-"""VerifyGPUCode: rejects what would not compile or run on the GPU, and says why."""
+"""VerifyGPUCode: rejects what would not compile or run on the GPU, and says why.
+
+One test per rejection reason, each with its input written here (TVMScript or a schedule
+built here) and, where it makes the limit visible, the accepted neighbour.  Verdicts go
+through the postproc itself (``apply`` then ``reason_counts()``), as a tuning run sees them.
+"""
 import pytest
 import tvm
 from tvm import te
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
+from tvm.script import tirx as T
 
-from kernels import CUDA, cuda_target, requantize_primfunc
+from kernels import cuda_target, requantize_primfunc
 from tvm_ext.postprocs import VerifyGPUCode
-from tvm_ext.postprocs.verify_gpu_code import target_limits, verify
+from tvm_ext.postprocs.verify_gpu_code import target_limits
 
 
-def vectorized_requantize(vec):
-    sch = Schedule(requantize_primfunc())
-    i, j = sch.get_loops(sch.get_sblock("y"))
-    bx, tx, v = sch.split(sch.fuse(i, j), [None, 128, vec])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(v)
-    return sch
+def initialized(post, target=None):
+    post._initialize_with_tune_context(ms.TuneContext(target=target or cuda_target()))
+    return post
 
 
-def int32_copy(vec=4, threads=128, shared_rows=0):
+def verdict(sch_or_func):
+    """None if our postproc accepts the candidate, else (reason, message) as it records them."""
+    sch = sch_or_func if isinstance(sch_or_func, Schedule) else Schedule(sch_or_func)
+    post = initialized(VerifyGPUCode())
+    accepted = post.apply(sch)
+    counts, examples = post.reason_counts(), post.reason_examples()
+    if accepted:
+        assert counts == {} and examples == {}
+        return None
+    (reason,) = counts  # one candidate, one reason
+    assert counts[reason] == 1
+    return reason, examples[reason]
+
+
+def builtin_accepts(sch):
+    return bool(initialized(ms.postproc.VerifyGPUCode()).apply(sch))
+
+
+def bind_split(sch, loop, factors, tags, vectorize=False):
+    """Split ``loop`` by ``factors``, bind the leading parts to ``tags``, vectorize the last."""
+    parts = sch.split(loop, factors)
+    for part, tag in zip(parts, tags):
+        sch.bind(part, tag)
+    if vectorize:
+        sch.vectorize(parts[-1])
+    return parts
+
+
+# ---------------------------------------------------------------- threads_per_block
+def int32_copy(vec=4, threads=128):
     a = te.placeholder((64, 256), "int32", name="a")
     b = te.compute((64, 256), lambda i, j: a[i, j], name="b")
     sch = Schedule(te.create_prim_func([a, b]))
-    block = sch.get_sblock("b")
-    if shared_rows:
-        sch.cache_read(block, 0, "shared")
-    i, j = sch.get_loops(block)
-    bx, tx, v = sch.split(sch.fuse(i, j), [None, threads, vec])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(v)
-    if shared_rows:
-        shared = sch.get_sblock("a_shared")
-        sch.compute_at(shared, bx)
-        sch.bind(sch.fuse(*sch.get_loops(shared)[1:]), "threadIdx.x")
+    i, j = sch.get_loops(sch.get_sblock("b"))
+    bind_split(sch, sch.fuse(i, j), [None, threads, vec], ["blockIdx.x", "threadIdx.x"], vectorize=True)
     return sch
 
 
-def shared_hog():
-    """A kernel that stages a 64 KiB tile in shared memory (limit 48 KiB)."""
-    a = te.placeholder((128, 128), "float32", name="a")
-    k = te.reduce_axis((0, 128), "k")
+def test_threads_per_block_over_the_target_limit_is_rejected():
+    reason, message = verdict(int32_copy(vec=1, threads=2048))
+    assert reason == "threads_per_block" and "2048" in message and "1024" in message
+    assert verdict(int32_copy(vec=1, threads=1024)) is None  # the limit itself is allowed
+
+
+# ---------------------------------------------------------------- shared_memory
+def staged_column_sum(rows):
+    """b[i] = sum_k a[k, i] with all of ``a`` (rows x 128 float32) staged in shared memory."""
+    a = te.placeholder((rows, 128), "float32", name="a")
+    k = te.reduce_axis((0, rows), "k")
     b = te.compute((128,), lambda i: te.sum(a[k, i], axis=k), name="b")
     sch = Schedule(te.create_prim_func([a, b]))
     block = sch.get_sblock("b")
     sch.cache_read(block, 0, "shared")
     i, _ = sch.get_loops(block)
     sch.bind(i, "threadIdx.x")
-    shared = sch.get_sblock("a_shared")
-    sch.compute_at(shared, i)
+    sch.compute_at(sch.get_sblock("a_shared"), i)
     return sch
 
 
-def builtin_accepts(sch, target):
-    post = ms.postproc.VerifyGPUCode()
-    ctx = ms.TuneContext(mod=sch.mod, target=target, task_name="t",
-                         space_generator=ms.space_generator.PostOrderApply(
-                             sch_rules=[], postprocs=[], mutator_probs={}))
-    post._initialize_with_tune_context(ctx)
-    return bool(post.apply(sch))
+def test_shared_memory_over_the_target_limit_is_rejected():
+    reason, message = verdict(staged_column_sum(rows=128))  # 64 KiB
+    assert reason == "shared_memory" and "65536" in message and "49152" in message
+    assert not builtin_accepts(staged_column_sum(rows=128))
+    assert verdict(staged_column_sum(rows=96)) is None  # 48 KiB: exactly the limit
 
 
-def ours(sch, target=None):
-    target = target or cuda_target()
-    return verify(sch.mod, target, target_limits(target))
+# ---------------------------------------------------------------- vthread
+def copy_over_vthreads(x, y):
+    a = te.placeholder((64, 64), "float32", name="a")
+    b = te.compute((64, 64), lambda i, j: a[i, j] * 2.0, name="b")
+    sch = Schedule(te.create_prim_func([a, b]))
+    i, _ = sch.get_loops(sch.get_sblock("b"))
+    bind_split(sch, i, [4, x, y, None], ["blockIdx.x", "vthread.x", "vthread.y", "threadIdx.x"])
+    return sch
+
+
+def test_more_than_8_virtual_threads_are_rejected():
+    """4 x 4 nested vthreads: the product (16) counts, not each extent.  Stricter than TVM's
+    built-in on purpose (it checks after InjectVirtualThread removed them and accepts)."""
+    reason, message = verdict(copy_over_vthreads(4, 4))
+    assert reason == "vthread" and "16 virtual threads" in message
+    assert builtin_accepts(copy_over_vthreads(4, 4))
+    assert verdict(copy_over_vthreads(2, 4)) is None
+
+
+# ---------------------------------------------------------------- vector widths
+def test_int32x8_load_is_rejected():
+    reason, message = verdict(int32_copy(vec=8))
+    assert reason == "vector_width:load" and "int32x8" in message and "32 bytes" in message
+    assert verdict(int32_copy(vec=4)) is None  # int32x4: 16 bytes
+
+
+def constant_fill(vec):
+    """b[i] = 7 in int32, vectorized by ``vec``: a store of a broadcast, no load at all."""
+    @T.prim_func(s_tir=True)
+    def fill(b: T.Buffer((4096,), "int32")):
+        for bx in T.thread_binding(4096 // 128 // vec, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                for v in T.vectorized(vec):
+                    with T.sblock("b"):
+                        vi = T.axis.spatial(4096, (bx * 128 + tx) * vec + v)
+                        b[vi] = 7
+    return fill
+
+
+def test_int32x8_store_is_rejected():
+    reason, message = verdict(constant_fill(8))
+    assert reason == "vector_width:store" and "int32x8" in message and "32 bytes" in message
+    assert verdict(constant_fill(4)) is None
+
+
+def vectorized_requantize(vec):
+    sch = Schedule(requantize_primfunc())
+    i, j = sch.get_loops(sch.get_sblock("y"))
+    bind_split(sch, sch.fuse(i, j), [None, 128, vec], ["blockIdx.x", "threadIdx.x"], vectorize=True)
+    return sch
 
 
 def test_q_multiply_shift_vectorized_by_4_is_rejected_on_the_int64x4_cast():
-    reason, message = ours(vectorized_requantize(4))
+    """LowerIntrin expands q_multiply_shift_per_axis into int64 arithmetic: by 4 lanes that
+    is an int64x4 cast (32 bytes) although every load and store is int32x4."""
+    reason, message = verdict(vectorized_requantize(4))
     assert reason == "vector_width:cast"
     assert "int64x4" in message and "32 bytes" in message
-    assert not builtin_accepts(vectorized_requantize(4), cuda_target())
-
-
-def test_q_multiply_shift_vectorized_by_2_is_accepted():
-    assert ours(vectorized_requantize(2)) is None
-    assert builtin_accepts(vectorized_requantize(2), cuda_target())
-
-
-def test_plain_int32x4_copy_is_accepted():
-    assert ours(int32_copy(vec=4)) is None
-
-
-def test_int32x8_copy_is_rejected_on_the_load():
-    reason, message = ours(int32_copy(vec=8))
-    assert reason.startswith("vector_width") and "32 bytes" in message
+    assert not builtin_accepts(vectorized_requantize(4))
+    assert verdict(vectorized_requantize(2)) is None
+    assert builtin_accepts(vectorized_requantize(2))
 
 
 def test_int32x8_index_broadcast_of_a_gather_is_rejected():
@@ -98,13 +159,49 @@ def test_int32x8_index_broadcast_of_a_gather_is_rejected():
     b = te.compute((64, 256), lambda i, j: a[i, j % 2 * 3], name="b")
     sch = Schedule(te.create_prim_func([a, b]))
     i, j = sch.get_loops(sch.get_sblock("b"))
-    bx, tx, v = sch.split(sch.fuse(i, j), [None, 128, 8])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    sch.vectorize(v)
-    reason, message = ours(sch)
+    bind_split(sch, sch.fuse(i, j), [None, 128, 8], ["blockIdx.x", "threadIdx.x"], vectorize=True)
+    reason, message = verdict(sch)
     assert reason == "vector_width:broadcast" and "int32x8" in message and "32 bytes" in message
-    assert builtin_accepts(sch, cuda_target())  # the built-in's blind spot
+    assert builtin_accepts(sch)  # the built-in's blind spot
+
+
+def add_uint8_constant(vec):
+    @T.prim_func(s_tir=True)
+    def add(a: T.Buffer((4096,), "uint8"), b: T.Buffer((4096,), "uint8")):
+        for bx in T.thread_binding(4096 // 128 // vec, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                for v in T.vectorized(vec):
+                    with T.sblock("b"):
+                        vi = T.axis.spatial(4096, (bx * 128 + tx) * vec + v)
+                        b[vi] = a[vi] + T.uint8(3)
+    return add
+
+
+def test_narrow_integer_broadcast_over_4_lanes_is_rejected():
+    """uint8 + 3 vectorized by 8: every vector is 8 bytes, but TVM's CUDA codegen writes the
+    uint8x8 broadcast as make_uint2 with eight arguments ("too many arguments" in nvcc; the
+    slow test below compiles it).  By 4 lanes it packs into one int and is accepted."""
+    from tvm_ext.lowering import cuda_source
+
+    reason, message = verdict(add_uint8_constant(8))
+    assert reason == "vector_width:broadcast" and "uint8x8" in message
+    assert "make_uint2((uchar)3, (uchar)3, (uchar)3, (uchar)3, (uchar)3, (uchar)3, (uchar)3, (uchar)3)" \
+        in cuda_source(Schedule(add_uint8_constant(8)), cuda_target())
+    assert builtin_accepts(Schedule(add_uint8_constant(8)))  # the built-in's blind spot
+    assert verdict(add_uint8_constant(4)) is None
+
+
+@pytest.mark.slow  # two nvcc runs
+def test_narrow_integer_broadcast_verdicts_match_nvcc():
+    from tvm_ext.check.nvcc import compile_batch, nvcc_path
+    from tvm_ext.lowering import cuda_source
+
+    if not nvcc_path():
+        pytest.skip("no nvcc")
+    sources = [cuda_source(Schedule(add_uint8_constant(vec)), cuda_target()) for vec in (8, 4)]
+    (ok8, error8), (ok4, _) = compile_batch(sources, "sm_80")
+    assert not ok8 and "too many arguments" in error8
+    assert ok4
 
 
 def test_int32x8_index_broadcast_that_tvm_compile_simplifies_away_is_accepted():
@@ -115,9 +212,8 @@ def test_int32x8_index_broadcast_that_tvm_compile_simplifies_away_is_accepted():
     compiles (verify-gpu: resnet50-int8 dense and conv candidates)."""
     from tvm import tirx
 
-    from tvm_ext.lowering import cuda_source
     from tvm_ext.check.nvcc import compile_cuda, nvcc_path
-    from tvm_ext.lowering import lower_for_gpu
+    from tvm_ext.lowering import cuda_source, lower_for_gpu
     from tvm_ext.tir_utils import collect
 
     a = te.placeholder((32 * 2048,), "int8", name="a")
@@ -129,13 +225,89 @@ def test_int32x8_index_broadcast_that_tvm_compile_simplifies_away_is_accepted():
     sch.vectorize(v)
     short = lower_for_gpu(sch.mod["main"], "main", cuda_target())
     assert "int32x8" in {str(x.ty) for x in collect(short.body, tirx.Broadcast)}
-    assert ours(sch) is None
+    assert verdict(sch) is None
     source = cuda_source(sch, cuda_target())
     assert "make_longlong4" not in source
     if nvcc_path():
         assert compile_cuda(source, "sm_80") == (True, "")
 
 
+# ---------------------------------------------------------------- thread_extent_annotation
+def rows_over_thread_y(high):
+    """blockIdx.x x threadIdx.y (4 threads) copy; the block asks MetaSchedule for
+    [1, ``high``] threads, as its cross-thread-reduction and tiling rules annotate."""
+    @T.prim_func(s_tir=True)
+    def copy(a: T.Buffer((64, 4), "float32"), b: T.Buffer((64, 4), "float32")):
+        for bx in T.thread_binding(64, thread="blockIdx.x"):
+            for ty in T.thread_binding(4, thread="threadIdx.y"):
+                with T.sblock("b"):
+                    vi, vj = T.axis.remap("SS", [bx, ty])
+                    T.sblock_attr({"meta_schedule.thread_extent_low_inclusive": 1,
+                                   "meta_schedule.thread_extent_high_inclusive": high})
+                    b[vi, vj] = a[vi, vj]
+    return copy
+
+
+def test_threads_outside_the_block_annotation_are_rejected():
+    reason, message = verdict(rows_over_thread_y(high=2))
+    assert reason == "thread_extent_annotation" and "4 threads outside [1, 2]" in message
+    assert verdict(rows_over_thread_y(high=4)) is None
+
+
+def test_warp_execution_counts_a_whole_warp_in_threadIdx_x():
+    """A warp_execution block (tensor-core style) runs on the 32 lanes of threadIdx.x that
+    no loop binds: 4 x 32 = 128 threads, over the block's bound of 64."""
+    sch = Schedule(rows_over_thread_y(high=64))
+    assert verdict(sch) is None  # 4 threads without the annotation
+    sch.annotate(sch.get_sblock("b"), "warp_execution", 1)
+    reason, message = verdict(sch)
+    assert reason == "thread_extent_annotation" and "128 threads outside [1, 64]" in message
+
+
+@T.prim_func(s_tir=True)
+def dynamic_thread_extent(a: T.handle, b: T.handle):
+    n = T.int32()
+    A = T.match_buffer(a, (n,), "float32")
+    B = T.match_buffer(b, (n,), "float32")
+    for tx in T.thread_binding(n, thread="threadIdx.x"):
+        with T.sblock("b"):
+            vi = T.axis.spatial(n, tx)
+            B[vi] = A[vi]
+
+
+def test_dynamic_thread_extent_is_rejected():
+    reason, message = verdict(dynamic_thread_extent)
+    assert reason == "thread_extent_annotation" and "dynamic extent of threadIdx.x" in message
+
+
+# ---------------------------------------------------------------- lowering_failed
+def cross_thread_reduction(update):
+    """b[i] = reduce over 32 threads of a[i, k]: ``update`` is "sum" or "decay" (not a
+    reducer TVM recognizes: b * 0.5 + a)."""
+    @T.prim_func(s_tir=True)
+    def reduce(a: T.Buffer((64, 32), "float32"), b: T.Buffer((64,), "float32")):
+        for bx in T.thread_binding(64, thread="blockIdx.x"):
+            for tx in T.thread_binding(32, thread="threadIdx.x"):
+                with T.sblock("b"):
+                    vi, vk = T.axis.remap("SR", [bx, tx])
+                    with T.init():
+                        b[vi] = T.float32(0)
+                    if update == "sum":
+                        b[vi] = b[vi] + a[vi, vk]
+                    else:
+                        b[vi] = b[vi] * T.float32(0.5) + a[vi, vk]
+    return reduce
+
+
+def test_what_the_gpu_lowering_refuses_is_rejected():
+    """LowerCrossThreadReduction needs a reducer it recognizes; a decaying sum bound to
+    threadIdx.x makes the lowering raise, and the candidate could never be built."""
+    reason, message = verdict(cross_thread_reduction("decay"))
+    assert reason == "lowering_failed" and "No matched reducer" in message
+    assert verdict(cross_thread_reduction("sum")) is None
+
+
+# ---------------------------------------------------------------- build_pipeline_failed
 def pooled_sum_with_cross_thread_reduction(unroll_explicit):
     """s[c] = sum over 49 rows of a[r, c] into shared memory, reduced across 16 threads
     inside a serial loop over 16 channels (the CrossThreadReduction shape of resnet50's
@@ -167,52 +339,39 @@ def test_cross_thread_reduction_unrolled_explicitly_is_rejected_by_the_build_pip
 
     target = cuda_target()
     bad = pooled_sum_with_cross_thread_reduction(unroll_explicit=True)
-    reason, message = ours(bad)
+    reason, message = verdict(bad)
     assert reason == "build_pipeline_failed" and "load_remap_" in message
-    assert builtin_accepts(bad, target)  # the built-in's blind spot
+    assert builtin_accepts(bad)  # the built-in's blind spot
     with pytest.raises(Exception, match="load_remap_"):
         cuda_source(bad, target)
     good = pooled_sum_with_cross_thread_reduction(unroll_explicit=False)
-    assert ours(good) is None and "__global__" in cuda_source(good, target)
+    assert verdict(good) is None and "__global__" in cuda_source(good, target)
 
 
-def test_too_many_threads_is_rejected():
-    reason, message = ours(int32_copy(vec=1, threads=2048))
-    assert reason == "threads_per_block" and "2048" in message
-
-
-def test_too_much_shared_memory_is_rejected():
-    reason, message = ours(shared_hog())
-    assert reason == "shared_memory" and "65536" in message
-    assert not builtin_accepts(shared_hog(), cuda_target())
-
-
+# ---------------------------------------------------------------- the postproc object
 def test_missing_target_attribute_is_a_clear_error():
     incomplete = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     with pytest.raises(ValueError, match="max_threads_per_block"):
         target_limits(incomplete)
-    ctx = ms.TuneContext(mod=vectorized_requantize(2).mod, target=incomplete, task_name="t",
-                         space_generator=ms.space_generator.PostOrderApply(
-                             sch_rules=[], postprocs=[], mutator_probs={}))
     with pytest.raises(ValueError, match="max_threads_per_block"):
-        VerifyGPUCode()._initialize_with_tune_context(ctx)
+        initialized(VerifyGPUCode(), incomplete)
 
 
 def test_reasons_are_counted_across_clones():
-    post = VerifyGPUCode()
-    ctx = ms.TuneContext(mod=vectorized_requantize(2).mod, target=cuda_target(), task_name="t",
-                         space_generator=ms.space_generator.PostOrderApply(
-                             sch_rules=[], postprocs=[], mutator_probs={}))
-    post._initialize_with_tune_context(ctx)
+    post = initialized(VerifyGPUCode())
     twin = post.clone()
     assert post.apply(vectorized_requantize(2))
     assert not twin.apply(vectorized_requantize(4))
     assert not post.apply(int32_copy(vec=1, threads=2048))
-    assert post.reason_counts() == {"vector_width:cast": 1, "threads_per_block": 1}
+    assert not twin.apply(int32_copy(vec=1, threads=4096))
+    # (the clone comes back through the FFI as a bare PyPostproc: ask the original)
+    assert post.reason_counts() == {"vector_width:cast": 1, "threads_per_block": 2}
     assert "int64x4" in post.reason_examples()["vector_width:cast"]
+    assert "4096" in post.reason_examples()["threads_per_block"]  # the last message is kept
 
 
-def test_agrees_with_builtin_on_200_sampled_candidates_of_the_seed_conv():
+@pytest.mark.parametrize("n", [64, pytest.param(400, marks=pytest.mark.slow)])
+def test_agrees_with_builtin_on_sampled_candidates_of_the_seed_conv(n):
     """Sampled CUDA candidates of the seed conv task, judged by both postprocs.
 
     Every disagreement must be one of these deliberate ones, else the test fails:
@@ -227,26 +386,27 @@ def test_agrees_with_builtin_on_200_sampled_candidates_of_the_seed_conv():
     limits after the same lowering.
     """
     import tvm_ext
+    from tvm_ext.postprocs.verify_gpu_code import verify
     from tvm_ext.tune.sampling import sample_candidates
     from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
 
     deliberate = {"vector_width:broadcast", "vthread"}
     target = cuda_target()
     mod = tvm.IRModule({"main": seed_conv_primfunc(image=14, channels=32)})
-    candidates = sample_candidates(mod, target, tvm_ext.space(target), 200, seed=0)
-    assert len(candidates) >= 200
+    candidates = sample_candidates(mod, target, tvm_ext.space(target), n, seed=0)
+    assert len(candidates) == n
     limits = target_limits(target)
     unexplained, explained, accepted = [], 0, 0
     for sch in candidates:
-        verdict = verify(sch.mod, target, limits)
-        theirs = builtin_accepts(sch, target)
-        accepted += verdict is None
-        if (verdict is None) == theirs:
+        ours = verify(sch.mod, target, limits)
+        theirs = builtin_accepts(sch)
+        accepted += ours is None
+        if (ours is None) == theirs:
             continue
-        if verdict is not None and theirs and verdict[0] in deliberate:
+        if ours is not None and theirs and ours[0] in deliberate:
             explained += 1
         else:
-            unexplained.append((verdict, theirs))
+            unexplained.append((ours, theirs))
     assert 0 < accepted < len(candidates)  # both kinds of decision occur
     assert unexplained == [], f"{len(unexplained)} unexplained disagreements: {unexplained[:3]}"
     assert explained <= len(candidates) // 10  # agreement stays at 90 % or more
