@@ -1,6 +1,16 @@
-"""tvm-ext tune / report / bench from the shell: bad input, resume, interruption, exactness."""
+"""tvm-ext tune / report / bench: bad input, resume, interruption, exactness.
+
+Every command runs in-process through ``tvm_ext.cli.main`` (the console script's entry
+point); only the Ctrl-C test starts ``python -m tvm_ext`` in a subprocess, because it
+sends a real SIGINT and the interrupted command leaves with ``os._exit(130)``.  One
+database is tuned per module (``tuned``) and shared by the tests that only read it; it
+sits where ``bench --logs-dir`` looks for the plugin row, so the bench test reuses it.
+"""
+import contextlib
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,15 +19,30 @@ import time
 import pytest
 import tvm
 
+from tvm_ext.cli import main
+
 SMALL = ["--image", "8", "--batch", "1"]
 
 
-def cli(*args, check=True, timeout=900):
-    proc = subprocess.run([sys.executable, "-m", "tvm_ext", *args], capture_output=True,
-                          text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"tvm-ext {' '.join(args)} -> {proc.returncode}\n{proc.stderr[-3000:]}")
-    return proc
+def cli(*args, check=True):
+    """Run ``tvm-ext ARGS`` in this process: (exit code, stdout, stderr).
+
+    argparse's own errors leave through SystemExit, the commands' through a return code."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+    if check and code != 0:
+        raise AssertionError(f"tvm-ext {' '.join(args)} -> {code}\n{err.getvalue()[-3000:]}")
+    return code, out.getvalue(), err.getvalue()
+
+
+def one_error_line(args, message):
+    code, _, err = cli(*args, check=False)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], (code, err)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -28,28 +53,41 @@ def cli(*args, check=True, timeout=900):
     (["bench", "conv2d-int8", "--rulesets", "plugin,upstream@tpu"], "unknown target 'tpu'"),
     (["bench", "conv2d-int8", "--peers", "tensorrt"], "unknown peer 'tensorrt'"),
     (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),
-    (["report", "/nonexistent/dir"], "not a tvm_ext tuning database"),
+    (["report", "/nonexistent/dir"], "/nonexistent/dir"),
     (["check-rules", "--cases", "softmax,nope"], "unknown case(s) nope"),
     (["check-rules", "--cases", "softmax", "--target", "cuda"], "needs an llvm target"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
-    proc = cli(*args, check=False)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], proc.stderr
+    one_error_line(args, message)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["tune", "conv2d-int8", "--trials", "many"],
+     "tvm-ext tune: error: argument --trials: invalid int value: 'many'"),
+    (["frobnicate"], "tvm-ext: error: argument COMMAND: invalid choice: 'frobnicate'"),
+    (["tune"], "tvm-ext tune: error: the following arguments are required: workload"),
+])
+def test_argparse_errors_end_with_one_clear_line(args, message):
+    """argparse's own errors: exit code 2, its usage block, then the error on one line."""
+    code, out, err = cli(*args, check=False)
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].startswith(message), err
 
 
 def test_work_dir_that_is_not_a_database(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
-    proc = cli("tune", "conv2d-int8", *SMALL, "--work-dir", str(tmp_path), check=False)
-    assert proc.returncode == 2 and "not a tvm_ext tuning database" in proc.stderr
+    one_error_line(["tune", "conv2d-int8", *SMALL, "--work-dir", str(tmp_path)],
+                   "not a tvm_ext tuning database")
+    assert os.listdir(tmp_path) == ["notes.txt"]  # refused before writing anything
 
 
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory):
-    work_dir = str(tmp_path_factory.mktemp("db") / "conv")
-    first = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", work_dir, "--json")
-    return work_dir, json.loads(first.stdout), first.stderr
+    """conv2d-int8 tuned for 2 trials, in the directory bench --logs-dir uses for 'plugin'."""
+    logs_dir = tmp_path_factory.mktemp("logs")
+    work_dir = str(logs_dir / "conv2d-int8-llvm-plugin")
+    _, out, err = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", work_dir, "--json")
+    return work_dir, json.loads(out), err
 
 
 def test_tune_writes_a_database_and_report(tuned):
@@ -61,102 +99,40 @@ def test_tune_writes_a_database_and_report(tuned):
     assert task["best_us"] > 0 and task["kernels"] >= 1
     assert result["e2e_us"] == pytest.approx(task["best_us"])
     assert task["tuning_s"] > 0 and result["tuning_s"] == task["tuning_s"]
-    report = json.loads(cli("report", work_dir, "--json").stdout)
+    records = os.path.join(work_dir, "database_tuning_record.json")
+    with open(records) as f:
+        assert len([line for line in f if line.strip()]) == 2  # the report counts the file
+    report = json.loads(cli("report", work_dir, "--json")[1])
     assert report == result
     assert {"workload", "target", "ruleset", "tasks", "e2e_us"} <= set(report)
 
 
 def test_rerun_resumes_without_new_trials(tuned):
     work_dir, result, _ = tuned
-    again = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", work_dir, "--json")
-    assert "already in the database" in again.stderr
-    assert json.loads(again.stdout)["tasks"][0]["trials"] == 2
-    assert json.loads(again.stdout)["tuning_s"] == result["tuning_s"]  # kept, nothing added
+    _, out, err = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", work_dir, "--json")
+    assert "already in the database" in err
+    again = json.loads(out)
+    assert again["tasks"][0]["trials"] == 2
+    assert again["tuning_s"] == result["tuning_s"]  # kept, nothing added
 
 
 def test_database_for_another_workload_is_refused(tuned):
     work_dir, _, _ = tuned
-    proc = cli("tune", "conv2d-int8", "--image", "10", "--work-dir", work_dir, check=False)
-    assert proc.returncode == 2 and "was made for options" in proc.stderr
-    proc = cli("tune", "conv2d-int8", *SMALL, "--target", "cuda-sm80", "--work-dir", work_dir,
-               check=False)
-    assert proc.returncode == 2 and "target kind" in proc.stderr
+    code, _, err = cli("tune", "conv2d-int8", "--image", "10", "--work-dir", work_dir, check=False)
+    assert code == 2 and "was made for options" in err
+    code, _, err = cli("tune", "conv2d-int8", *SMALL, "--target", "cuda-sm80", "--work-dir", work_dir,
+                       check=False)
+    assert code == 2 and "target kind" in err
 
 
 def test_partial_write_is_repaired(tuned, tmp_path):
-    import shutil
-
     work_dir, _, _ = tuned
     copy = str(tmp_path / "copy")
     shutil.copytree(work_dir, copy)
     with open(os.path.join(copy, "database_tuning_record.json"), "a") as f:
         f.write('[0, [[["GetSBlock", [], ["conv')  # what a kill in mid-write leaves
-    report = json.loads(cli("report", copy, "--json").stdout)
+    report = json.loads(cli("report", copy, "--json")[1])
     assert report["tasks"][0]["trials"] == 2
-
-
-def test_ctrl_c_leaves_a_valid_database_and_resume_finishes(tmp_path):
-    work_dir = str(tmp_path / "interrupted")
-    proc = subprocess.Popen([sys.executable, "-m", "tvm_ext", "tune", "conv2d-int8", *SMALL,
-                             "--trials", "6", "--per-iter", "2", "--work-dir", work_dir],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    records = os.path.join(work_dir, "database_tuning_record.json")
-    deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None:
-        if os.path.exists(records) and os.path.getsize(records) > 0:
-            break
-        time.sleep(1)
-    assert proc.poll() is None, "tuning finished before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-2000:]
-    assert "resume" in err
-    partial = json.loads(cli("report", work_dir, "--json").stdout)["tasks"][0]
-    assert 1 <= partial["trials"] < 6
-    assert partial["tuning_s"] > 0  # the interrupted run's time is counted
-    done = json.loads(cli("tune", "conv2d-int8", *SMALL, "--trials", "6", "--work-dir", work_dir,
-                          "--json").stdout)
-    assert done["tasks"][0]["trials"] == 6
-
-
-def test_bench_checks_exactness_and_writes_json(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin,upstream@llvm-generic", "--trials", "2",
-               "--rounds", "3", "--logs-dir", str(tmp_path), "--out", str(out),
-               "--peers", "ort", "--layers")
-    result = json.loads(out.read_text())
-    assert {"workload", "target", "trials_per_task", "rows", "per_layer"} <= set(result)
-    assert [r["ruleset"] for r in result["rows"]] == ["plugin", "upstream@llvm-generic", "ort"]
-    # the @llvm-generic row is tuned for plain {"kind": "llvm"} into its own directory
-    assert [r["target"] for r in result["rows"][:2]] == ["llvm", "llvm-generic"]
-    assert result["rows"][1]["work_dir"].endswith("conv2d-int8-llvm-generic-upstream")
-    generic = json.loads(cli("report", result["rows"][1]["work_dir"], "--json").stdout)["target_detail"]
-    assert generic["kind"] == "llvm" and "mcpu" not in generic
-    for row in result["rows"][:2]:
-        assert row["exact_match"] is True and row["e2e_ms"] > 0
-    assert result["rows"][0]["ratio_to_plugin"] == 1.0
-    ort = result["rows"][2]
-    # ORT rounds its float multiplier differently: at most one uint8 step on one layer
-    assert ort["e2e_ms"] > 0 and ort["exact_match"] is False and ort["max_step"] <= 1
-    (layer,) = result["per_layer"]  # the one conv task, timed against one QLinearConv
-    assert layer["shape"] == "1x8x8x64->64 k3s1" and layer["epilogue"] == "requantize"
-    assert layer["tvm_us"] > 0 and layer["ort_us"] > 0 and layer["ruleset"] == "plugin"
-    assert "vs plugin" in proc.stdout and "tvm/ort" in proc.stdout
-    again = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--from-logs", "--rounds", "2",
-                "--logs-dir", str(tmp_path), "--out", str(out), "--peers", "ort")
-    result = json.loads(out.read_text())  # the databases' budget, the peer row has none
-    assert result["trials_per_task"] == 2 and [r["ruleset"] for r in result["rows"]] == ["plugin", "ort"]
-    assert "ort" in again.stdout
-
-
-def test_cuda_build_only_without_a_gpu():
-    proc = cli("tune", "conv2d-int8", *SMALL, "--target", "cuda-sm80", "--build-only",
-               "--candidates", "2", "--json")
-    result = json.loads(proc.stdout)
-    (row,) = result["tasks"]
-    assert result["target"] == "cuda"
-    assert row["kernels"] == 1  # conv + requantize epilogue in one kernel under plugin
-    assert row["build_failures"] == 0
 
 
 def test_database_schedules_every_tuned_function(tuned):
@@ -169,3 +145,76 @@ def test_database_schedules_every_tuned_function(tuned):
     mod = tuning.apply_database(workload, resolve_target("llvm"), work_dir)
     funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert funcs and all(f.attrs.get("tirx.is_scheduled") for f in funcs)
+
+
+def test_ctrl_c_leaves_a_valid_database_and_resume_finishes(tmp_path):
+    """One trial per search iteration: the first record appears after iteration 1, Ctrl-C
+    lands during iteration 2, which is finished and kept; the same command resumes."""
+    work_dir = str(tmp_path / "interrupted")
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_ext", "tune", "conv2d-int8", *SMALL,
+                             "--trials", "3", "--per-iter", "1", "--work-dir", work_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records = os.path.join(work_dir, "database_tuning_record.json")
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(records) and os.path.getsize(records) > 0:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "tuning finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    assert "resume" in err
+    partial = json.loads(cli("report", work_dir, "--json")[1])["tasks"][0]
+    assert 1 <= partial["trials"] < 3
+    assert partial["tuning_s"] > 0  # the interrupted run's time is counted
+    done = json.loads(cli("tune", "conv2d-int8", *SMALL, "--trials", "3", "--work-dir", work_dir,
+                          "--json")[1])
+    assert done["tasks"][0]["trials"] == 3
+    assert done["tuning_s"] > partial["tuning_s"]  # both runs' time
+
+
+def test_bench_checks_exactness_and_writes_json(tuned, tmp_path):
+    work_dir, tuned_result, _ = tuned
+    logs_dir = os.path.dirname(work_dir)
+    out = tmp_path / "bench.json"
+    _, stdout, _ = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin,upstream@llvm-generic",
+                       "--trials", "2", "--rounds", "1", "--logs-dir", logs_dir, "--out", str(out),
+                       "--peers", "ort", "--layers")
+    result = json.loads(out.read_text())
+    assert {"workload", "target", "trials_per_task", "rows", "per_layer"} <= set(result)
+    assert [r["ruleset"] for r in result["rows"]] == ["plugin", "upstream@llvm-generic", "ort"]
+    # the plugin row resumed the module's database (no new trials); the @llvm-generic row is
+    # tuned for plain {"kind": "llvm"} into its own directory
+    assert result["rows"][0]["work_dir"] == work_dir
+    assert json.loads(cli("report", work_dir, "--json")[1]) == tuned_result
+    assert [r["target"] for r in result["rows"][:2]] == ["llvm", "llvm-generic"]
+    assert result["rows"][1]["work_dir"].endswith("conv2d-int8-llvm-generic-upstream")
+    generic = json.loads(cli("report", result["rows"][1]["work_dir"], "--json")[1])
+    assert generic["target_detail"]["kind"] == "llvm" and "mcpu" not in generic["target_detail"]
+    assert generic["ruleset"] == "upstream" and generic["tasks"][0]["trials"] == 2
+    for row in result["rows"][:2]:
+        assert row["exact_match"] is True and row["e2e_ms"] > 0
+    assert result["rows"][0]["ratio_to_plugin"] == 1.0
+    ort = result["rows"][2]
+    # ORT rounds its float multiplier differently: at most one uint8 step on one layer
+    assert ort["e2e_ms"] > 0 and ort["exact_match"] is False and ort["max_step"] <= 1
+    (layer,) = result["per_layer"]  # the one conv task, timed against one QLinearConv
+    assert layer["shape"] == "1x8x8x64->64 k3s1" and layer["epilogue"] == "requantize"
+    assert layer["tvm_us"] > 0 and layer["ort_us"] > 0 and layer["ruleset"] == "plugin"
+    assert "vs plugin" in stdout and "tvm/ort" in stdout
+    _, again, _ = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--from-logs",
+                      "--rounds", "1", "--logs-dir", logs_dir, "--out", str(out), "--peers", "ort")
+    result = json.loads(out.read_text())  # the databases' budget, the peer row has none
+    assert result["trials_per_task"] == 2 and [r["ruleset"] for r in result["rows"]] == ["plugin", "ort"]
+    assert "ort" in again
+
+
+def test_cuda_build_only_without_a_gpu():
+    _, out, _ = cli("tune", "conv2d-int8", *SMALL, "--target", "cuda-sm80", "--build-only",
+                    "--candidates", "2", "--json")
+    result = json.loads(out)
+    (row,) = result["tasks"]
+    assert result["target"] == "cuda"
+    assert row["kernels"] == 1  # conv + requantize epilogue in one kernel under plugin
+    assert row["build_failures"] == 0
