@@ -76,7 +76,8 @@ def run(args) -> int:
     with interrupt_guard() as interrupted, contextlib.redirect_stdout(sys.stderr):
         try:
             result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
-                                 log=log, per_iter=args.per_iter, should_stop=interrupted)
+                                 log=log, per_iter=args.per_iter, should_stop=interrupted,
+                                 verbose=args.verbose)
         except BaseException:  # the stop arrives wrapped in TVM's error types
             if not interrupted():
                 raise
@@ -136,7 +137,7 @@ def start_from_committed(args, target, work_dir: str, options: dict) -> None:
         return
     mismatch = target_mismatch(meta["target"], target)
     if mismatch is None and meta.get("options") == options:
-        shutil.copytree(committed, work_dir, ignore=shutil.ignore_patterns("logs"))
+        shutil.copytree(committed, work_dir, ignore=shutil.ignore_patterns("logs"), dirs_exist_ok=True)
         log(f"starting from the records committed in {committed} (tuned for this target)")
     else:
         why = mismatch or f"options {meta.get('options')}"

@@ -8,7 +8,8 @@ these modules:
 ``runner``    local or RPC runner
 ``search``    search strategy and the stop callback
 ``sampling``  candidates of a design space (what MetaSchedule would measure)
-``driver``    tune a workload task by task; the report of a work dir
+``driver``    tune a workload task by task (``tune_task`` is the one tuning call); the report
+``kernels``   tune a dict of named kernels into one database, keeping the measurement order
 ``apply``     compile and run a workload with a database's schedules
 ``best``      the best schedules of a database for a user's own TIR module, compiled
 ``logs``      MetaSchedule's loggers, quiet and safe to create again (pytest >= 9.2)
@@ -21,6 +22,7 @@ from tvm_ext.tune.database import (DB_FILES, META_FILE, DatabaseMismatch, best_r
                                    default_work_dir, open_database, prepare_work_dir, read_meta,
                                    record_seconds, records_of, repair_database, write_meta)
 from tvm_ext.tune.driver import (Task, add_tuning_seconds, extract_tasks, load_tasks, report,
-                                 save_tasks, task_logger, tune)
+                                 save_tasks, task_logger, tune, tune_task)
+from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
 from tvm_ext.tune.runner import make_runner
 from tvm_ext.tune.search import TuningInterrupted, search_strategy, stop_callback

@@ -18,7 +18,7 @@ from tvm_ext.tune.apply import kernels_of
 from tvm_ext.tune.builder import make_builder
 from tvm_ext.tune.logs import loggers_for
 from tvm_ext.tune.database import (best_record, open_database, prepare_work_dir, read_meta,
-                                   record_seconds, records_of, repair_database, write_meta)
+                                   record_seconds, records_of, write_meta)
 from tvm_ext.tune.runner import make_runner
 from tvm_ext.tune.search import TuningInterrupted, search_strategy, stop_callback
 
@@ -64,13 +64,15 @@ def load_tasks(work_dir: str, meta: dict) -> list[Task]:
     return tasks
 
 
-def task_logger(work_dir: str, task_name: str):
-    """MetaSchedule's per-task log file under ``<work_dir>/logs/`` (search, build errors)."""
-    return loggers_for(work_dir, [task_name])[0]
+def task_logger(work_dir: str, task_name: str, verbose: bool = False):
+    """MetaSchedule's per-task log file under ``<work_dir>/logs/`` (search, build errors);
+    TVM's console output stays at warnings unless ``verbose``."""
+    return loggers_for(work_dir, [task_name], verbose=verbose)[0]
 
 
 def tune_task(task: Task, target, database, log_dir: str, trials: int, *, ruleset: str = "plugin",
-              runner=None, seed: int = 0, per_iter: int = 16, callbacks: list | None = None) -> None:
+              runner=None, seed: int = 0, per_iter: int = 16, callbacks: list | None = None,
+              verbose: bool = False) -> None:
     """Measure ``trials`` more candidates of one task into ``database``: the stack's space,
     builder, runner (default ``make_runner()``), search strategy and per-task log file under
     ``<log_dir>/logs/``.  ``callbacks`` run after TVM's default measure callbacks (so after
@@ -79,7 +81,7 @@ def tune_task(task: Task, target, database, log_dir: str, trials: int, *, rulese
     context = ms.TuneContext(mod=task.mod, target=target, space_generator=space(target, ruleset),
                              search_strategy=search_strategy(trials), task_name=task.name,
                              rand_state=seed, num_threads="physical",
-                             logger=task_logger(log_dir, task.name)).clone()
+                             logger=task_logger(log_dir, task.name, verbose)).clone()
     ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=log_dir,
                   max_trials_global=trials, max_trials_per_task=trials,
                   num_trials_per_iter=min(per_iter, trials), database=database,
@@ -89,11 +91,13 @@ def tune_task(task: Task, target, database, log_dir: str, trials: int, *, rulese
 
 def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
          log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16,
-         should_stop: Callable[[], bool] = lambda: False) -> dict:
+         should_stop: Callable[[], bool] = lambda: False, verbose: bool = False) -> dict:
     """Tune every task of ``workload`` up to ``trials`` records each; resumable.
 
     ``per_iter`` candidates are measured per search iteration; records reach the database
-    after each iteration, so that is also how much an interruption can lose.
+    after each iteration, so that is also how much an interruption can lose. One progress
+    line per task (trials done / total, ETA from this run's seconds per trial); a task whose
+    candidates all fail shows the first error. The database is opened once.
 
     Returns the report (see ``report``) of the work dir after tuning.
     """
@@ -103,28 +107,69 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
     tasks = extract_tasks(workload, target)
     save_tasks(work_dir, meta, tasks)
     runner = runner if runner is not None else make_runner()
+    database = open_database(work_dir)
+    todo = {task.name: max(0, trials - len(records_of(database, task.mod))) for task in tasks}
+    left, spent, measured = sum(todo.values()), 0.0, 0
+    log(f"{len(tasks)} tasks, {sum(trials - n for n in todo.values())} of {trials * len(tasks)} "
+        f"trials already in the database")
     for i, task in enumerate(tasks, 1):
         if should_stop():
             raise TuningInterrupted("tuning stopped on request")
-        database = open_database(work_dir)
-        done = len(records_of(database, task.mod))
         head = f"[{i}/{len(tasks)}] {task.name} (x{task.weight})"
-        if done >= trials:
-            log(f"{head}: {done}/{trials} trials already in the database")
+        if not todo[task.name]:
             continue
-        log(f"{head}: tuning {trials - done} trials ({done} done)")
+        errors = FirstError()
+        eta = f", ETA {_duration(left * spent / measured)}" if measured else ""
+        log(f"{head}: {trials - todo[task.name]}/{trials} trials, tuning {todo[task.name]}{eta}")
         start = time.time()
         try:
-            tune_task(task, target, database, work_dir, trials - done, ruleset=ruleset, runner=runner,
-                      seed=seed + i, per_iter=per_iter, callbacks=[stop_callback(should_stop)])
+            tune_task(task, target, database, work_dir, todo[task.name], ruleset=ruleset,
+                      runner=runner, seed=seed + i, per_iter=per_iter, verbose=verbose,
+                      callbacks=[errors.callback(), stop_callback(should_stop)])
         finally:  # also when stopped: the records it wrote were paid for
             elapsed = time.time() - start
             add_tuning_seconds(work_dir, task.name, elapsed)
+        spent, measured, left = spent + elapsed, measured + todo[task.name], left - todo[task.name]
         best = best_record(database, task.mod)
         secs = record_seconds(best) if best is not None else None
-        shown = f"{secs * 1e6:.1f} us" if secs is not None else "no valid run"
-        log(f"{head}: best {shown} after {elapsed:.0f} s")
+        if secs is None:
+            log(f"{head}: no candidate ran ({errors.first or 'no error message'}); "
+                f"details in {os.path.join(work_dir, 'logs')}")
+        else:
+            log(f"{head}: best {secs * 1e6:.1f} us after {elapsed:.0f} s")
     return report(work_dir)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+class FirstError:
+    """Keeps the first build or run error of a task, to show on the console."""
+
+    def __init__(self):
+        self.first = None
+
+    def callback(self):
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+        keeper = self
+
+        @derived_object
+        class KeepFirstError(PyMeasureCallback):
+            def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+                      runner_results) -> None:
+                if keeper.first is not None:
+                    return
+                for result in list(builder_results) + list(runner_results):
+                    if result.error_msg:
+                        lines = [ln for ln in str(result.error_msg).splitlines() if ln.strip()]
+                        keeper.first = lines[-1].strip()[:300] if lines else "unknown error"
+                        return
+
+        return KeepFirstError()
 
 
 def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:
