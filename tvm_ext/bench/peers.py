@@ -112,7 +112,7 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print)
     from tvm_ext.bench import onnx_export
 
     meta = tuning.read_meta(work_dir)
-    database = tuning.open_database(work_dir)
+    database = tuning.open_database(work_dir, read_only=True)
     dev = tuning.device_for(target)
     rng = np.random.default_rng(0)
     rows = []

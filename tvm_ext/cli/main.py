@@ -15,8 +15,15 @@ import sys
 COMMANDS = ("tune", "report", "bench", "verify_gpu", "check_rules", "targets")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse without the usage block on errors: one line, exit 2 (``--help`` shows usage)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="tvm-ext",
         description="MetaSchedule tuning of quantized models (int8 ResNet-50, Phi-2 q4f16_1) "
                     "with tvm_ext's schedule rules and postprocessors.",
@@ -39,6 +46,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"tvm-ext {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `tvm-ext report DIR | head`: the reader left, not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as err:  # noqa: BLE001 -- every error becomes one line (or --debug)
         if args.debug:
             raise

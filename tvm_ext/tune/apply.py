@@ -30,7 +30,7 @@ def apply_database(workload, target, work_dir: str) -> tvm.IRModule:
     """
     from tvm import relax
 
-    with target, tvm.transform.PassContext(opt_level=3), open_database(work_dir):
+    with target, tvm.transform.PassContext(opt_level=3), open_database(work_dir, read_only=True):
         return relax.transform.MetaScheduleApplyDatabase()(workload.mod)
 
 
