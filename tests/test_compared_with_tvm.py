@@ -7,6 +7,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
+from kernels import annotated, design_spaces
 from tvm_ext.rules import ApplyBlockAttrRule, InlineConstantScalars
 from tvm_ext.tir_utils import blocks_of
 
@@ -14,10 +15,7 @@ LLVM = tvm.target.Target({"kind": "llvm", "num-cores": 1})
 
 
 def sketch(func, rule, target=LLVM):
-    ctx = ms.TuneContext(mod=tvm.IRModule({"main": func}), target=target, task_name="t",
-                         space_generator=ms.space_generator.PostOrderApply(
-                             sch_rules=[rule], postprocs=[], mutator_probs={}))
-    (sch,) = ctx.generate_design_space()
+    (sch,) = design_spaces(func, target, sch_rules=[rule])
     return sch.mod["main"]
 
 
@@ -52,27 +50,13 @@ def test_single_element_constant_of_rank_4_ours_inlines_tvm_keeps():
     assert tvm_ffi.structural_equal(builtin, one_element_constant)  # left as it was
 
 
-@T.prim_func(s_tir=True)
-def annotated_constant(a: T.Buffer((8,), "int32"), b: T.Buffer((8,), "int32")):
-    c = T.sblock_alloc_buffer((8,), "int32")
-    for i in range(8):
-        with T.sblock("c"):
-            vi = T.axis.spatial(8, i)
-            T.sblock_attr({"schedule_rule": "compute_inline"})
-            c[vi] = a[vi] * 3
-    for i in range(8):
-        with T.sblock("b"):
-            vi = T.axis.spatial(8, i)
-            b[vi] = c[vi] + 1
-
-
 def test_annotation_for_a_target_whose_keys_tvm_does_not_know():
     # a board target with its own key (none of cpu/gpu/cuda): ours falls back to the generic key
     target = tvm.target.Target({"kind": "llvm", "keys": ["myboard"]})
-    ours = sketch(annotated_constant, ApplyBlockAttrRule(), target)
-    assert [b.name_hint for b in _blocks(ours)] == ["b"]
-    theirs = sketch(annotated_constant, ms.schedule_rule.ApplyCustomRule(), target)
-    assert [b.name_hint for b in _blocks(theirs)] == ["c", "b"]
+    func = annotated("compute_inline", block="b")
+    assert [b.name_hint for b in _blocks(sketch(func, ApplyBlockAttrRule(), target))] == ["c"]
+    theirs = sketch(func, ms.schedule_rule.ApplyCustomRule(), target)
+    assert [b.name_hint for b in _blocks(theirs)] == ["b", "c"]
 
 
 def _blocks(func):

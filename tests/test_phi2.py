@@ -76,7 +76,10 @@ def _small_kernels(ks, n=1):
     return sorted(ks.kernels, key=lambda k: pk.nbytes(k.func))[:n]
 
 
-@pytest.mark.parametrize("seeded", [False, True], ids=["metaschedule", "seeded"])
+# tuning on top of a seeded database is the long variant (seeding itself is checked by
+# test_seeded_without_tuning_is_dlight): -m slow
+@pytest.mark.parametrize("seeded", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["metaschedule", "seeded"])
 def test_metaschedule(decode, tmp_path, seeded):
     wl, ks = decode
     target = resolve_target("llvm")

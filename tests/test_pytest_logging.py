@@ -12,7 +12,7 @@ import tvm
 import tvm_ext
 from tvm import te
 from tvm.s_tir import meta_schedule as ms
-from tvm_ext.tune import make_builder
+from tvm.s_tir.meta_schedule.testing.dummy_object import DummyBuilder, DummyRunner
 
 
 def _tune(work_dir):
@@ -21,7 +21,8 @@ def _tune(work_dir):
     mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
     target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
     ms.tune_tir(mod, target, str(work_dir), max_trials_global=1, num_trials_per_iter=1,
-                space=tvm_ext.space(target), builder=make_builder(), strategy="replay-trace")
+                space=tvm_ext.space(target), strategy="replay-trace", cost_model="random",
+                builder=DummyBuilder(), runner=DummyRunner(), measure_callbacks=[])  # loggers are tested
 
 
 def test_first(tmp_path):
