@@ -36,6 +36,7 @@ def test_tune_tir_with_plugin_space_is_bit_exact(tmp_path):
     database = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
                            space=tvm_ext.space(target),
                            builder=tvm_ext.tune.make_builder(), runner=tvm_ext.tune.make_runner(),
+                           strategy=tvm_ext.tune.search_strategy(4),
                            database=ms.database.JSONDatabase(work_dir=str(tmp_path)))
     records = database.get_all_tuning_records()
     assert len(records) == 4

@@ -70,6 +70,7 @@ def test_verify_gpu_conv2d_int8(tmp_path, capsys):
 
 
 @needs_nvcc
+@pytest.mark.slow  # three verify-gpu runs with nvcc: ~45 s
 def test_out_is_kept_per_task_and_resume_runs_only_the_missing_tasks(tmp_path, monkeypatch):
     """--out holds every finished task; --resume keeps them and runs the rest; task i
     samples with seed + i whichever tasks are selected, so the candidates are the same."""

@@ -44,6 +44,11 @@ def add_parser(sub) -> None:
                         "each, so it bounds what an interruption loses (default 8)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="also show TVM's own INFO logging (always in WORK_DIR/logs/)")
+    p.add_argument("--compare", choices=("none", "ort", "auto"), default="none",
+                   help="after tuning an int8 network on llvm: compile it with the tuned schedules, "
+                        "check it bit-exactly against NumPy and time it against ONNX Runtime on "
+                        "the same network, interleaved ('ort' needs the [bench] extra; 'auto': "
+                        "when onnxruntime is installed; default none)")
     p.add_argument("--json", action="store_true", help="print the resulting report as JSON")
     p.set_defaults(func=run)
 
@@ -88,11 +93,49 @@ def run(args) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(130)
+    comparison = compare_with_ort(args, workload, target, work_dir)
+    if comparison is not None:
+        result["compare"] = comparison
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         print(format_report(result))
+        if comparison is not None:
+            from tvm_ext.cli.bench import format_int8
+
+            print(format_int8(comparison))
     return 0
+
+
+def compare_with_ort(args, workload, target, work_dir: str):
+    """The tuned network against ONNX Runtime on the same network (int8 workloads on llvm),
+    or None when not asked for / not possible (saying why)."""
+    import importlib.util
+
+    if args.compare == "none" or not workload.name.startswith(("resnet50-int8", "conv2d-int8")):
+        return None
+    if target.kind.name != "llvm":
+        return None
+    if importlib.util.find_spec("onnxruntime") is None:
+        if args.compare == "ort":
+            raise ValueError("--compare ort needs onnxruntime: pip install -e '.[bench]'")
+        log("no comparison with ONNX Runtime: it is not installed (pip install -e '.[bench]')")
+        return None
+    from tvm_ext.bench import int8 as bench_int8
+
+    root, name = os.path.split(os.path.normpath(work_dir))
+    if name != os.path.basename(tuning_default(args, workload, target)):
+        log("no comparison with ONNX Runtime: --work-dir has not the default name; "
+            f"use tvm-ext bench {args.workload} --from-logs --peers ort --logs-dir ...")
+        return None
+    return bench_int8.run(workload, target, [args.ruleset], None, True, 10, None, log=log,
+                          work_root=root, peers=["ort"])
+
+
+def tuning_default(args, workload, target) -> str:
+    from tvm_ext import tune as tuning
+
+    return tuning.default_work_dir(workload.name, target, args.ruleset)
 
 
 @contextlib.contextmanager
