@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                     "target (CPU); otherwise tuning starts from scratch, and says why.")
     add_workload_args(p)
     p.add_argument("--trials", type=count, default=8,
-                   help="trials per task (default 8: ResNet-50's 31 tasks in ~15 min on 2 cores; "
+                   help="trials per task (default 8: ResNet-50's 31 tasks took ~8 min on 2 cores; "
                         "64 or more for good schedules)")
     p.add_argument("--ruleset", default="plugin",
                    help="plugin (ours, default), no-inline-const (ours without "
