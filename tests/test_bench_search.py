@@ -1,0 +1,52 @@
+"""``tvm-ext bench-search``: the JSON document of a tiny run, and one line for bad flags.
+
+No timing is asserted here (timings never in tests): only that every configuration was
+measured, with candidates, per-postproc costs and the ratios the README table reads."""
+import json
+
+import pytest
+
+from tvm_ext.cli import main
+
+TINY = ["--rounds", "1", "--population", "4", "--init-min-unmeasured", "4", "--candidates", "2",
+        "--postproc-samples", "2", "--threads", "1", "--quiet"]
+
+
+def test_tiny_run_writes_one_row_per_configuration(tmp_path, capsys):
+    out = tmp_path / "search-cost.json"
+    assert main(["bench-search", "--targets", "cuda,llvm", *TINY, "--json", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == doc
+    assert [t["kind"] for t in doc["target"]] == ["cuda", "llvm"]
+    assert doc["settings"]["population"] == 4 and doc["settings"]["rounds"] == 1
+    keys = {(r["task"], r["target"], r["space"], r["threads"]) for r in doc["rows"]}
+    assert keys == {("seed", t, s, 1) for t in ("cuda", "llvm") for s in ("plugin", "upstream")}
+    for row in doc["rows"]:
+        assert len(row["seconds_all"]) == 1 and row["seconds"] > 0
+        # a population of 4 may find no valid CUDA candidate ("cannot sample enough initial
+        # population"): that is a batch of 0, counted as such
+        assert row["candidates"] >= (1 if row["target"] == "llvm" else 0)
+        assert row["per_postproc_ms"] and all(v is None or v >= 0 for v in row["per_postproc_ms"].values())
+    cuda_posts = {r["space"]: set(r["per_postproc_ms"]) for r in doc["rows"] if r["target"] == "cuda"}
+    assert "VerifyGPUCode(tvm_ext)" in cuda_posts["plugin"] and "VerifyGPUCode" in cuda_posts["upstream"]
+    assert {(r["target"], r["threads"]) for r in doc["ratios"]} == {("cuda", 1), ("llvm", 1)}
+
+
+def test_table_names_the_ratio(capsys):
+    assert main(["bench-search", "--targets", "llvm", *TINY, "--postproc-samples", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "plugin/upstream" in text and "seed" in text
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--targets", "rocm"], "unknown target 'rocm'"),
+    (["--tasks", "nope"], "unknown task 'nope'"),
+    (["--threads", "x"], "--threads takes comma-separated integers"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+    (["--threads", "0"], "--threads must be positive"),
+    (["--replay", "--replay-samples", "0"], "--replay-samples must be at least 1"),
+])
+def test_bad_flags_are_one_line(flags, message, capsys):
+    assert main(["bench-search", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err

@@ -1,0 +1,107 @@
+"""``tvm-ext bench-search``: seconds MetaSchedule's search spends per batch, plugin vs upstream space."""
+
+
+def _csv(text: str) -> tuple:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _ints(text: str) -> tuple:
+    try:
+        return tuple(int(p) for p in _csv(text))
+    except ValueError:
+        raise ValueError(f"--threads takes comma-separated integers, not {text!r}") from None
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench-search", help="time one batch of measure candidates: plugin vs upstream space",
+        description="For each task, target, thread count and space (tvm_ext.space plugin / upstream), "
+                    "generate one batch of measure candidates with EvolutionarySearch (same settings and "
+                    "seed, RandomModel, empty MemoryDatabase), in interleaved rounds; print the median "
+                    "seconds, the ratio plugin/upstream and the milliseconds per postproc per candidate. "
+                    "CUDA candidates are generated and verified on the CPU: no GPU needed. "
+                    "Issue 16's settings: --population 256 --init-min-unmeasured 256 --candidates 64.")
+    p.add_argument("--tasks", default="seed", help="comma-separated tasks (known: seed; default seed)")
+    p.add_argument("--targets", default="cuda,llvm", help="comma-separated: cuda, llvm (default both)")
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept (default 3)")
+    p.add_argument("--population", type=int, default=32, help="EvolutionarySearch population_size (default 32)")
+    p.add_argument("--init-min-unmeasured", type=int, default=32, help="init_min_unmeasured (default 32)")
+    p.add_argument("--genetic-iters", type=int, default=2, help="genetic_num_iters (default 2)")
+    p.add_argument("--candidates", type=int, default=32, help="measure candidates per batch (default 32)")
+    p.add_argument("--postproc-samples", type=int, default=20,
+                   help="candidates for the per-postproc timing (default 20; 0 = skip it)")
+    p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--replay", metavar="FILE", nargs="?", const="tuning_logs/verify-gpu.json",
+                   help="instead of timing the search: re-sample candidates of the committed verify-gpu "
+                        "run FILE (default tuning_logs/verify-gpu.json; resnet50-int8 global_avg_pool and "
+                        "fused_conv2d_nhwc9_requantize4, --replay-samples each) and compare VerifyGPUCode's "
+                        "staged verdicts with the unstaged ones; exit 1 if any verdict moved")
+    p.add_argument("--replay-samples", type=int, default=100, help="candidates per replayed task (default 100)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+    import sys
+
+    from tvm_ext.bench import search_cost
+
+    progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.replay:
+        if args.replay_samples < 1:
+            raise ValueError("--replay-samples must be at least 1")
+        doc = search_cost.replay_staged(args.replay, samples=args.replay_samples, out=args.out, progress=progress)
+        if args.json:
+            print(json.dumps(doc))
+        else:
+            print(format_replay(doc))
+        return 1 if doc["verdicts_moved"] else 0
+    doc = search_cost.run(
+        _csv(args.tasks), _csv(args.targets), _ints(args.threads), args.rounds,
+        population=args.population, init_min_unmeasured=args.init_min_unmeasured,
+        genetic_num_iters=args.genetic_iters, candidates=args.candidates,
+        postproc_samples=args.postproc_samples, seed=args.seed, out=args.out,
+        progress=progress)
+    print(json.dumps(doc) if args.json else format_table(doc))
+    return 0
+
+
+def format_table(doc: dict) -> str:
+    """Median seconds per configuration, the ratios, and the slowest postprocs."""
+    from tvm_ext.cli.table import render
+
+    s = doc["settings"]
+    rows = [[r["task"], r["target"], r["threads"], r["space"], f"{r['seconds']:.2f}", r["candidates"]]
+            for r in doc["rows"]]
+    lines = [f"bench-search: population {s['population']}, init_min_unmeasured {s['init_min_unmeasured']}, "
+             f"genetic iters {s['genetic_num_iters']}, {s['candidates']} candidates, "
+             f"median of {s['rounds']} rounds",
+             render(["task", "target", "threads", "space", "seconds", "candidates"], rows, "<<><>>"), ""]
+    ratio_rows = [[r["task"], r["target"], r["threads"], f"{r['ratio']:.2f}x" if r["ratio"] else None]
+                  for r in doc["ratios"]]
+    lines.append(render(["task", "target", "threads", "plugin/upstream"], ratio_rows, "<<>>"))
+    post_rows = []
+    for r in doc["rows"]:
+        if r["threads"] == doc["rows"][0]["threads"] and r["per_postproc_ms"]:
+            for name, ms in r["per_postproc_ms"].items():
+                post_rows.append([r["task"], r["target"], r["space"], name, ms])
+    if post_rows:
+        lines += ["", "ms per postproc per candidate (single thread, outside the search):",
+                  render(["task", "target", "space", "postproc", "ms"], post_rows, "<<<<>")]
+    return "\n".join(lines)
+
+
+def format_replay(doc: dict) -> str:
+    from tvm_ext.cli.table import render
+
+    rows = [[t["task"][:40], t["samples"], t["verdicts_moved"], t["reasons_changed"],
+             {True: "yes", False: "NO", None: "-"}[t["same_candidates_as_committed"]],
+             t["ms_per_candidate"]["unstaged"], t["ms_per_candidate"]["staged"]] for t in doc["tasks"]]
+    return "\n".join([f"replay of {doc['committed']} ({doc['workload']}, {doc['arch']}): "
+                      f"{doc['verdicts_moved']} of {doc['samples']} verdicts moved",
+                      render(["task", "n", "moved", "reason changed", "same as committed",
+                              "ms unstaged", "ms staged"], rows)])
