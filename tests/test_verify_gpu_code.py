@@ -410,3 +410,74 @@ def test_agrees_with_builtin_on_sampled_candidates_of_the_seed_conv(n):
     assert 0 < accepted < len(candidates)  # both kinds of decision occur
     assert unexplained == [], f"{len(unexplained)} unexplained disagreements: {unexplained[:3]}"
     assert explained <= len(candidates) // 10  # agreement stays at 90 % or more
+
+
+# ---------------------------------------------------------------- staged checks (issue 16)
+def _no_build_lowering(monkeypatch):
+    import tvm_ext.postprocs.verify_gpu_code as vgc
+
+    def fail(*_args, **_kwargs):
+        raise AssertionError("build_lowering ran on a candidate the built-in rejects")
+
+    monkeypatch.setattr(vgc, "build_lowering", fail)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: int32_copy(vec=1, threads=2048), "threads_per_block"),
+    (lambda: staged_column_sum(rows=128), "shared_memory"),
+    (lambda: vectorized_requantize(4), "vector_width:cast"),
+])
+def test_a_candidate_the_builtin_rejects_is_rejected_without_the_build_lowering(monkeypatch, make, reason):
+    """The built-in runs first; what it rejects never reaches tvm.compile's lowering, and
+    the reason comes from our cheap checks on the short lowering."""
+    sch = make()
+    assert not builtin_accepts(sch)
+    _no_build_lowering(monkeypatch)
+    got, _message = verdict(sch)
+    assert got == reason
+
+
+def test_builtin_rejection_our_cheap_checks_cannot_name_is_builtin_rejected(monkeypatch):
+    """A built-in that rejects (here: one for a target allowing 64 threads per block) while
+    our limits pass: rejected as ``builtin_rejected``, still without the expensive lowering."""
+    import tvm_ext.postprocs.verify_gpu_code as vgc
+
+    small = tvm.target.Target({"kind": "cuda", "arch": "sm_80", "max_threads_per_block": 64,
+                               "max_shared_memory_per_block": 49152, "thread_warp_size": 32})
+    post = initialized(VerifyGPUCode())
+    post.builtin = initialized(ms.postproc.VerifyGPUCode(), small)
+    _no_build_lowering(monkeypatch)
+    assert not post.apply(int32_copy(vec=4, threads=128))
+    assert post.reason_counts() == {vgc.BUILTIN_REJECTED: 1}
+    assert vgc.BUILTIN_REJECTED in __import__("tvm_ext.check.verify_gpu_doc", fromlist=["x"]).REASON_NOTES
+
+
+def test_what_the_builtin_accepts_but_nvcc_rejects_is_still_rejected():
+    """The staged postproc keeps every check after the built-in: its blind spots (the
+    cross-thread reduction unrolled explicitly, a uint8x8 broadcast) are rejected as before,
+    and the build lowering does run for them."""
+    bad = pooled_sum_with_cross_thread_reduction(unroll_explicit=True)
+    assert builtin_accepts(bad)
+    assert verdict(bad)[0] == "build_pipeline_failed"
+    broadcast = Schedule(add_uint8_constant(8))
+    assert builtin_accepts(broadcast)
+    assert verdict(broadcast)[0] == "vector_width:broadcast"
+
+
+def test_staged_verdicts_equal_the_unstaged_ones_on_sampled_candidates():
+    """On sampled seed-conv candidates, the postproc (staged) accepts exactly what ``verify``
+    (every check, no built-in) accepts."""
+    import tvm_ext
+    from tvm_ext.postprocs.verify_gpu_code import verify
+    from tvm_ext.tune.sampling import sample_candidates
+    from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
+
+    target = cuda_target()
+    mod = tvm.IRModule({"main": seed_conv_primfunc(image=14, channels=32)})
+    candidates = sample_candidates(mod, target, tvm_ext.space(target), 32, seed=1)
+    limits = target_limits(target)
+    post = initialized(VerifyGPUCode())
+    staged = [post.apply(sch) for sch in candidates]
+    whole = [verify(sch.mod, target, limits) is None for sch in candidates]
+    assert staged == whole
+    assert 0 < sum(staged) < len(staged)
