@@ -14,21 +14,6 @@ requantize loop vectorized by 4 casts to ``int64x4`` (32 bytes) after lowering; 
 check that looks only at loads and stores accepts it and the candidate then fails in
 codegen.
 
-Staged, because it sits on the hottest path of tuning (evolutionary search applies it
-to thousands of candidates for every batch it measures): ``apply`` runs TVM's built-in
-VerifyGPUCode (C++) before any lowering of ours.  Everything the built-in rejects we reject too (verify-gpu:
-no "ours accepts, built-in rejects" in 5800 nvcc-checked candidates), so a candidate it
-rejects is rejected without ``build_lowering``, the expensive lowering of
-``tvm.compile``: only the cheap checks run, to name the reason (the short lowering and
-``check_lowered``), and when none of them names one the reason is ``builtin_rejected``.
-Our thread-annotation check runs before the built-in: it needs no lowering (~0.4 ms) and
-rejects most sampled candidates (the built-in costs ~5.6 ms).  A candidate the built-in
-accepts goes through every check of ``verify`` as before.  Measured on the seed conv
-(tvm-ext bench-search): what remains expensive is ``build_lowering`` of the candidates
-that pass everything else (0.1-0.45 s each; 89 in one batch of 32 at population 32); the
-built-in cannot filter those, it accepts them (tuning_logs/README.md, bench-search).  ``verify`` itself stays the whole, unstaged verdict (verify-gpu
-and the replay compare against it).
-
 Why our own: TVM's built-in postproc returns a bare bool. This one keeps a counter
 of rejection reasons (``reason_counts()``) that a tuning run can print, and the
 last detailed message per reason. Differences from the built-in are deliberate and
@@ -69,8 +54,6 @@ MAX_NARROW_INT_BROADCAST_LANES = 4
 THREAD_ANNOTATION = "thread_extent_annotation"
 LOWERING = "lowering_failed"
 BUILD_PIPELINE = "build_pipeline_failed"
-# TVM's built-in VerifyGPUCode rejected it (or raised) and none of our cheap checks names why
-BUILTIN_REJECTED = "builtin_rejected"
 
 
 def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target):
@@ -265,12 +248,8 @@ class ReasonLog:
                 self.examples[reason] = message
 
 
-def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build: bool = True):
-    """Verdict for a scheduled module: None if accepted, else (reason, message).
-
-    ``build=False`` leaves out ``check_build_pipeline`` (the expensive lowering of
-    ``tvm.compile``): the cheap checks only, which can accept what the whole verdict rejects.
-    """
+def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict):
+    """Verdict for a scheduled module: None if accepted, else (reason, message)."""
     for name, func in prim_funcs(mod):
         verdict = check_thread_annotations(func, limits["thread_warp_size"])
         if verdict is not None:
@@ -279,41 +258,10 @@ def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build:
             lowered = lower_for_gpu(func, name, target)
         except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
             return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
-        verdict = check_lowered(lowered, limits) or (check_build_pipeline(func, name, target) if build else None)
+        verdict = check_lowered(lowered, limits) or check_build_pipeline(func, name, target)
         if verdict is not None:
             return verdict
     return None
-
-
-def builtin_accepts(builtin, sch) -> bool:
-    """TVM's built-in VerifyGPUCode on ``sch``; raising counts as a rejection."""
-    try:
-        return bool(builtin.apply(sch))
-    except Exception:  # noqa: BLE001 -- as in MetaSchedule: a raising postproc rejects
-        return False
-
-
-def verify_staged(sch, target: tvm.target.Target, limits: dict, builtin):
-    """The verdict of ``verify``, cheap checks first (module doc): MetaSchedule's thread
-    annotations (no lowering), then ``builtin`` (TVM's VerifyGPUCode, initialized for
-    ``target``); it rejects -> our checks on the short lowering name the reason, or
-    ``builtin_rejected``, and ``build_lowering`` never runs; it accepts -> ``verify``."""
-    for _name, func in prim_funcs(sch.mod):
-        verdict = check_thread_annotations(func, limits["thread_warp_size"])
-        if verdict is not None:
-            return verdict
-    if not builtin_accepts(builtin, sch):
-        return (verify(sch.mod, target, limits, build=False)
-                or (BUILTIN_REJECTED, "TVM's built-in VerifyGPUCode rejects it; our cheap checks name no reason"))
-    return verify(sch.mod, target, limits)
-
-
-def _builtin_for(context):
-    from tvm.s_tir.meta_schedule.postproc import VerifyGPUCode as BuiltinVerifyGPUCode
-
-    builtin = BuiltinVerifyGPUCode()
-    builtin._initialize_with_tune_context(context)  # pylint: disable=protected-access
-    return builtin
 
 
 @derived_object
@@ -325,24 +273,21 @@ class VerifyGPUCode(PyPostproc):
         self.log = log if log is not None else ReasonLog()
         self.target = None
         self.limits = None
-        self.builtin = None  # TVM's VerifyGPUCode: the first, cheap stage
 
     def _initialize_with_tune_context(self, context) -> None:
         if context.target is None:
             raise ValueError("VerifyGPUCode: the tune context has no target")
         self.target = context.target
         self.limits = target_limits(context.target)
-        self.builtin = _builtin_for(context)
 
     def apply(self, sch) -> bool:
-        verdict = verify_staged(sch, self.target, self.limits, self.builtin)
+        verdict = verify(sch.mod, self.target, self.limits)
         self.log.record(verdict)
         return verdict is None
 
     def clone(self):
         other = VerifyGPUCode(self.log)
         other.target, other.limits = self.target, self.limits
-        other.builtin = None if self.builtin is None else self.builtin.clone()  # one per search thread
         return other
 
     def reason_counts(self) -> dict:

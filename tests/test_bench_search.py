@@ -44,7 +44,6 @@ def test_table_names_the_ratio(capsys):
     (["--threads", "x"], "--threads takes comma-separated integers"),
     (["--rounds", "0"], "--rounds must be at least 1"),
     (["--threads", "0"], "--threads must be positive"),
-    (["--replay", "--replay-samples", "0"], "--replay-samples must be at least 1"),
 ])
 def test_bad_flags_are_one_line(flags, message, capsys):
     assert main(["bench-search", *flags]) == 2

@@ -38,9 +38,6 @@ REASON_NOTES = {
     "lowering_failed": "TVM's GPU lowering raised",
     "build_pipeline_failed": "codegen: tvm.compile's own lowering raises (e.g. LowerThreadAllreduce "
                              "on a cross-thread reduction that UnrollLoop copied)",
-    "builtin_rejected": "the staged postproc (apply): TVM's built-in VerifyGPUCode rejected it and our cheap "
-                        "checks name no reason; tvm.compile's lowering was not run (verify-gpu's unstaged "
-                        "verdict names the reason)",
 }
 
 

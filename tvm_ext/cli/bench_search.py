@@ -35,12 +35,6 @@ def add_parser(sub) -> None:
     p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--replay", metavar="FILE", nargs="?", const="tuning_logs/verify-gpu.json",
-                   help="instead of timing the search: re-sample candidates of the committed verify-gpu "
-                        "run FILE (default tuning_logs/verify-gpu.json; resnet50-int8 global_avg_pool and "
-                        "fused_conv2d_nhwc9_requantize4, --replay-samples each) and compare VerifyGPUCode's "
-                        "staged verdicts with the unstaged ones; exit 1 if any verdict moved")
-    p.add_argument("--replay-samples", type=int, default=100, help="candidates per replayed task (default 100)")
     p.set_defaults(func=run)
 
 
@@ -51,15 +45,6 @@ def run(args) -> int:
     from tvm_ext.bench import search_cost
 
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if args.replay:
-        if args.replay_samples < 1:
-            raise ValueError("--replay-samples must be at least 1")
-        doc = search_cost.replay_staged(args.replay, samples=args.replay_samples, out=args.out, progress=progress)
-        if args.json:
-            print(json.dumps(doc))
-        else:
-            print(format_replay(doc))
-        return 1 if doc["verdicts_moved"] else 0
     doc = search_cost.run(
         _csv(args.tasks), _csv(args.targets), _ints(args.threads), args.rounds,
         population=args.population, init_min_unmeasured=args.init_min_unmeasured,
@@ -93,15 +78,3 @@ def format_table(doc: dict) -> str:
         lines += ["", "ms per postproc per candidate (single thread, outside the search):",
                   render(["task", "target", "space", "postproc", "ms"], post_rows, "<<<<>")]
     return "\n".join(lines)
-
-
-def format_replay(doc: dict) -> str:
-    from tvm_ext.cli.table import render
-
-    rows = [[t["task"][:40], t["samples"], t["verdicts_moved"], t["reasons_changed"],
-             {True: "yes", False: "NO", None: "-"}[t["same_candidates_as_committed"]],
-             t["ms_per_candidate"]["unstaged"], t["ms_per_candidate"]["staged"]] for t in doc["tasks"]]
-    return "\n".join([f"replay of {doc['committed']} ({doc['workload']}, {doc['arch']}): "
-                      f"{doc['verdicts_moved']} of {doc['samples']} verdicts moved",
-                      render(["task", "n", "moved", "reason changed", "same as committed",
-                              "ms unstaged", "ms staged"], rows)])
