@@ -370,8 +370,13 @@ def best_record(database, mod: tvm.IRModule):
     return top[0] if top else None
 
 
-def record_seconds(record) -> float | None:
-    secs = [float(s) for s in (record.run_secs or [])]
+def mean_run_seconds(run_secs) -> float | None:
+    """Mean of a candidate's run times; None when there are none or the run failed."""
+    secs = [float(s) for s in (run_secs or [])]
     if not secs or min(secs) >= 1e9:  # MetaSchedule marks failed runs with 1e10
         return None
     return sum(secs) / len(secs)
+
+
+def record_seconds(record) -> float | None:
+    return mean_run_seconds(record.run_secs)

@@ -20,7 +20,8 @@ from tvm_ext.tune.logs import loggers_for
 from tvm_ext.tune.database import (best_record, open_database, prepare_work_dir, read_meta,
                                    record_seconds, records_of, write_meta)
 from tvm_ext.tune.runner import make_runner
-from tvm_ext.tune.search import TuningInterrupted, search_strategy, stop_callback
+from tvm_ext.tune.search import (TuningInterrupted, after_each_batch, search_strategy,
+                                 stop_callback)
 
 
 @dataclass
@@ -151,25 +152,17 @@ class FirstError:
     def __init__(self):
         self.first = None
 
+    def keep(self, builder_results, runner_results) -> None:
+        if self.first is not None:
+            return
+        for result in list(builder_results) + list(runner_results):
+            if result.error_msg:
+                lines = [ln for ln in str(result.error_msg).splitlines() if ln.strip()]
+                self.first = lines[-1].strip()[:300] if lines else "unknown error"
+                return
+
     def callback(self):
-        from tvm.ir.utils import derived_object
-        from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
-
-        keeper = self
-
-        @derived_object
-        class KeepFirstError(PyMeasureCallback):
-            def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
-                      runner_results) -> None:
-                if keeper.first is not None:
-                    return
-                for result in list(builder_results) + list(runner_results):
-                    if result.error_msg:
-                        lines = [ln for ln in str(result.error_msg).splitlines() if ln.strip()]
-                        keeper.first = lines[-1].strip()[:300] if lines else "unknown error"
-                        return
-
-        return KeepFirstError()
+        return after_each_batch(self.keep)
 
 
 def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:

@@ -19,9 +19,10 @@ import tvm
 import tvm_ffi
 
 from tvm_ext.jsonio import write_json
-from tvm_ext.tune.database import open_database, records_of, repair_database
+from tvm_ext.tune.database import mean_run_seconds, open_database, records_of, repair_database
 from tvm_ext.tune.driver import Task, tune_task
 from tvm_ext.tune.runner import make_runner
+from tvm_ext.tune.search import after_each_batch
 
 ORDER_FILE = "measure_order.json"
 
@@ -62,25 +63,16 @@ def trials_to_beat(db_dir: str, mod: tvm.IRModule, seconds: float) -> int | None
 
 def order_callback(db_dir: str, mod: tvm.IRModule):
     """A measure callback appending each batch's mean run seconds to ``db_dir``'s order file."""
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
-
     key = _key(mod)
 
-    @derived_object
-    class RecordOrder(PyMeasureCallback):
-        def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
-                  runner_results) -> None:
-            batch = []
-            for built, ran in zip(builder_results, runner_results):
-                secs = None if built.error_msg or ran.error_msg or not ran.run_secs else \
-                    [float(s) for s in ran.run_secs]
-                batch.append(None if secs is None or min(secs) >= 1e9 else sum(secs) / len(secs))
-            order = _read_order(db_dir)
-            order[key] = order.get(key, []) + batch
-            write_json(os.path.join(db_dir, ORDER_FILE), order, sort_keys=True)
+    def record_order(builder_results, runner_results) -> None:
+        batch = [None if built.error_msg or ran.error_msg else mean_run_seconds(ran.run_secs)
+                 for built, ran in zip(builder_results, runner_results)]
+        order = _read_order(db_dir)
+        order[key] = order.get(key, []) + batch
+        write_json(os.path.join(db_dir, ORDER_FILE), order, sort_keys=True)
 
-    return RecordOrder()
+    return after_each_batch(record_order)
 
 
 def tune_kernels(mods: dict, target, db_dir: str, trials: int, *, log_dir: str | None = None,
@@ -95,11 +87,10 @@ def tune_kernels(mods: dict, target, db_dir: str, trials: int, *, log_dir: str |
     """
     if trials < 1:
         raise ValueError(f"trials must be at least 1, not {trials}")
-    kernel_database(db_dir, log)  # create / repair once
+    database = kernel_database(db_dir, log)  # created / repaired and opened once
     runner = runner if runner is not None else make_runner()
     added = {}
     for i, (name, mod) in enumerate(mods.items()):
-        database = open_database(db_dir)
         done = len(records_of(database, mod))
         if done >= trials:
             added[name] = 0

@@ -1,9 +1,11 @@
-"""Search strategy and the stop callback of a tuning run."""
+"""Search strategy and the measure callbacks of a tuning run."""
 from __future__ import annotations
 
 from typing import Callable
 
+from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 
 
 def search_strategy(trials: int):
@@ -22,20 +24,31 @@ class TuningInterrupted(Exception):
     """Raised between measurement batches once ``should_stop`` says so."""
 
 
+@derived_object
+class _AfterEachBatch(PyMeasureCallback):
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
+              runner_results) -> None:
+        self.fn(builder_results, runner_results)
+
+
+def after_each_batch(fn: Callable) -> PyMeasureCallback:
+    """A measure callback calling ``fn(builder_results, runner_results)`` once per measured
+    batch. Placed after TVM's default callbacks, it runs once the batch is in the database."""
+    return _AfterEachBatch(fn)
+
+
 def stop_callback(should_stop: Callable[[], bool]):
     """A measure callback that ends tuning after a batch has reached the database.
 
     Raising here, on the task scheduler's own thread after AddToDatabase, unwinds through
     TVM cleanly; an asynchronous KeyboardInterrupt inside TVM's C++ can abort the process.
     """
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+    def stop(_built, _ran) -> None:
+        if should_stop():
+            raise TuningInterrupted("tuning stopped on request")
 
-    @derived_object
-    class StopWhenAsked(PyMeasureCallback):
-        def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
-                  runner_results) -> None:
-            if should_stop():
-                raise TuningInterrupted("tuning stopped on request")
-
-    return StopWhenAsked()
+    return after_each_batch(stop)
