@@ -138,7 +138,7 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
                 f"details in {os.path.join(work_dir, 'logs')}")
         else:
             log(f"{head}: best {secs * 1e6:.1f} us after {elapsed:.0f} s")
-    return report(work_dir)
+    return report(work_dir, database)
 
 
 def _duration(seconds: float) -> str:
@@ -175,13 +175,15 @@ def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:
     write_meta(work_dir, meta)
 
 
-def report(work_dir: str) -> dict:
+def report(work_dir: str, database=None) -> dict:
     """Per-task best latency, trials and kernels, plus the weighted end-to-end estimate.
 
     Reads only: a corrupt line is a one-line DatabaseCorrupt, an incomplete last record
-    line (a run killed, or still writing) is left out, and the work dir is never written."""
+    line (a run killed, or still writing) is left out, and the work dir is never written.
+    ``database``: the work dir's database already open (``tune`` passes the one it wrote)."""
     meta = read_meta(work_dir)
-    database = open_database(work_dir, read_only=True)
+    if database is None:
+        database = open_database(work_dir, read_only=True)
     rows, total, complete = [], 0.0, True
     tuning_s = {e["name"]: e.get("tuning_s") for e in meta["tasks"]}
     for task in load_tasks(work_dir, meta):
