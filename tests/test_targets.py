@@ -131,3 +131,77 @@ def test_print_targets(capsys):
     assert "avx512vnni" in out and str(host["physical_cores"]) in out
     assert "cuda-sm80" in out
     json.dumps(host)  # JSON-able for --json style output
+
+
+# A Sapphire Rapids guest whose CPU model LLVM cannot see: LLVM says rocketlake (no AMX)
+# while the OS flags show AMX (the machines issue 17 was measured on).
+_SPR_GUEST_FLAGS = ("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c avx512f avx512dq avx512cd "
+                    "avx512bw avx512vl avx512ifma avx512vbmi avx512_vbmi2 avx512_vnni avx512_bf16 "
+                    "avx_vnni amx_bf16 avx512_fp16 amx_tile amx_int8")
+_SPR_GUEST = (f"processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+              f"flags\t\t: {_SPR_GUEST_FLAGS}\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+
+
+def _fake_host(text, llvm_cpu):
+    return T._describe(T._cpuinfo(text), "x86_64-unknown-linux-gnu", llvm_cpu, T._known_cpus(), "intel")
+
+
+def test_cpuinfo_text_parsed_first_processor_only():
+    info = T._cpuinfo(_SPR_GUEST)
+    assert info["model_name"].startswith("Intel(R) Xeon")
+    assert {"amx_tile", "amx_int8", "amx_bf16"} <= info["flags"] and "fpu" in info["flags"]
+    assert T._cpuinfo("") == {}
+
+
+def test_amx_guest_named_rocketlake_gets_amx_mattr(monkeypatch):
+    """LLVM names the guest rocketlake (no AMX in that model); the OS shows AMX: the preset
+    keeps the mcpu and adds +amx-* so that LLVM emits tile instructions."""
+    host = _fake_host(_SPR_GUEST, "rocketlake")
+    assert host["mcpu"] == "rocketlake"
+    assert "amx-tile" not in T._llvm_features("rocketlake")
+    assert {"+amx-tile", "+amx-int8", "+amx-bf16"} <= set(host["mattr"])
+    assert host["amx_tile"] and host["amx_int8"] and host["amx_bf16"]
+    monkeypatch.setattr(T, "_host", lambda: host)
+    t = T.resolve_target("llvm")
+    assert str(t.attrs["mcpu"]) == "rocketlake"
+    assert {"+amx-tile", "+amx-int8", "+amx-bf16"} <= set(str(a) for a in t.attrs["mattr"])
+    assert T.has_amx(t) and T.has_amx("llvm")
+    # llvm-generic is unchanged on that host
+    assert "mattr" not in T.resolve_target("llvm-generic").attrs and not T.has_amx("llvm-generic")
+
+
+def test_amx_flags_without_int8_and_hosts_without_amx():
+    # the OS shows tiles but not the int8 instructions: no AMX int8 path
+    host = _fake_host(_SPR_GUEST.replace(" amx_int8", ""), "rocketlake")
+    assert host["amx_tile"] and not host["amx_int8"]
+    assert not T.has_amx({"kind": "llvm", "mcpu": "rocketlake", "mattr": host["mattr"]})
+    # no AMX flags: nothing added, same as before AMX detection existed
+    plain = _fake_host(_SPR_GUEST.replace(" amx_bf16", "").replace(" amx_tile", "").replace(" amx_int8", ""),
+                       "rocketlake")
+    assert not any(m.startswith("+") for m in plain["mattr"])
+    assert not (plain["amx_tile"] or plain["amx_int8"] or plain["amx_bf16"])
+    # a real Sapphire Rapids model already has AMX: nothing to add, nothing hidden
+    spr = _fake_host(_SPR_GUEST, "sapphirerapids")
+    assert spr["amx_int8"] and not any(m.startswith("+amx") for m in spr["mattr"])
+    # AMX flags on a non-x86 triple are ignored
+    arm = T._describe(T._cpuinfo(_SPR_GUEST), "aarch64-unknown-linux-gnu", "generic", [], "")
+    assert not arm["amx_tile"] and arm["mattr"] == []
+
+
+def test_has_amx():
+    assert T.has_amx({"kind": "llvm", "mcpu": "sapphirerapids"})
+    assert not T.has_amx({"kind": "llvm", "mcpu": "cascadelake"})
+    assert not T.has_amx({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-amx-int8"]})
+    assert not T.has_amx("cuda-sm80")
+    host = T.describe_host()
+    assert T.has_amx("llvm") == (host["amx_tile"] and host["amx_int8"])
+    flags = T._cpuinfo().get("flags", set())
+    assert host["amx_int8"] <= ("amx_int8" in flags)
+
+
+def test_print_targets_amx_lines():
+    from tvm_ext.cli.targets import format_host
+
+    out = format_host(_fake_host(_SPR_GUEST, "rocketlake"))
+    assert "amx_tile=yes amx_int8=yes amx_bf16=yes" in out
+    assert "+amx-tile" in out and "shown by the OS" in out

@@ -58,14 +58,18 @@ TargetSpec = Union[str, dict, Target]
 
 
 # --------------------------------------------------------------------------- host
-def _cpuinfo() -> dict:
-    """Model name and flags of the first CPU in /proc/cpuinfo ({} when unavailable)."""
+def _cpuinfo(text: str | None = None) -> dict:
+    """Model name and flags of the first CPU in /proc/cpuinfo ({} when unavailable).
+
+    ``text``: a cpuinfo text to parse instead of /proc/cpuinfo (tests inject fake hosts).
+    """
     info: dict[str, Any] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return info
+    if text is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return info
     for line in text.splitlines():
         if ":" not in line:
             if info:  # end of the first processor block
@@ -148,20 +152,30 @@ def _nearest_known_cpu(host_flags: set[str], known: list[str], vendor: str = "")
     return best
 
 
+# AMX features: LLVM name -> cpuinfo flag. A VM may expose AMX while LLVM names its CPU
+# after an older model without it (rocketlake on a Sapphire Rapids guest), so the preset
+# adds the ones the OS shows and the CPU model lacks with mattr "+...".
+_AMX_FEATURES = {"amx-tile": "amx_tile", "amx-int8": "amx_int8", "amx-bf16": "amx_bf16"}
+
+
 @lru_cache(maxsize=1)
 def _host() -> dict:
-    info = _cpuinfo()
-    flags = info.get("flags", set())
     triple = codegen.llvm_get_system_triple()
-    llvm_cpu = codegen.llvm_get_system_cpu()
-    known = _known_cpus()
+    is_x86 = triple.startswith(("x86_64", "i386", "i686"))
+    return _describe(_cpuinfo(), triple, codegen.llvm_get_system_cpu(), _known_cpus(),
+                     _safe(codegen.llvm_get_system_x86_vendor) if is_x86 else "")
+
+
+def _describe(info: dict, triple: str, llvm_cpu: str, known: list[str], vendor: str) -> dict:
+    """describe_host() for a host given by its cpuinfo (``_cpuinfo``) and LLVM's view of it."""
+    flags = info.get("flags", set())
     is_x86 = triple.startswith(("x86_64", "i386", "i686"))
     note = ""
     if llvm_cpu and llvm_cpu != "generic" and llvm_cpu in known:
         mcpu = llvm_cpu
         note = "LLVM host CPU"
     elif is_x86:
-        mcpu = _nearest_known_cpu(flags, known, _safe(codegen.llvm_get_system_x86_vendor))
+        mcpu = _nearest_known_cpu(flags, known, vendor)
         note = f"LLVM host CPU {llvm_cpu!r} unknown to this LLVM; nearest known by features"
     else:
         mcpu = None
@@ -171,18 +185,23 @@ def _host() -> dict:
     disabled = sorted(
         f for f in feats if f in _LLVM_TO_CPUINFO and flags and _LLVM_TO_CPUINFO[f] not in flags
     )
-    effective = feats - set(disabled)
+    # AMX the OS exposes but the CPU model lacks (x86 only)
+    added = sorted(f for f, flag in _AMX_FEATURES.items() if is_x86 and flag in flags and f not in feats)
+    effective = (feats - set(disabled)) | set(added)
     return {
         "cpu_name": info.get("model_name", "unknown"),
-        "vendor": _safe(codegen.llvm_get_system_x86_vendor) if is_x86 else "",
+        "vendor": vendor if is_x86 else "",
         "triple": triple,
         "llvm_host_cpu": llvm_cpu,
         "mcpu": mcpu,
         "mcpu_source": note,
-        "mattr": [f"-{f}" for f in disabled],
+        "mattr": [f"-{f}" for f in disabled] + [f"+{f}" for f in added],
         "features": sorted(effective),
         "avx512vnni": "avx512vnni" in effective,
         "avxvnni": "avxvnni" in effective,
+        "amx_tile": "amx-tile" in effective,
+        "amx_int8": "amx-int8" in effective,
+        "amx_bf16": "amx-bf16" in effective,
         "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count() or 1,
     }
@@ -200,8 +219,10 @@ def describe_host() -> dict:
 
     Keys: cpu_name (from the OS), vendor, triple, llvm_host_cpu (LLVM's name), mcpu (the
     one used: LLVM's if this LLVM knows it, else the nearest known), mcpu_source, mattr
-    (features switched off because the OS does not expose them), features (LLVM feature
-    names in effect), avx512vnni, avxvnni (bools), physical_cores, logical_cpus.
+    (features switched off because the OS does not expose them, "-avx512f", and AMX
+    features the OS exposes but the CPU model lacks, "+amx-int8"), features (LLVM feature
+    names in effect), avx512vnni, avxvnni, amx_tile, amx_int8, amx_bf16 (bools),
+    physical_cores, logical_cpus.
     """
     d = dict(_host())
     d["features"] = list(d["features"])
@@ -345,6 +366,17 @@ def vnni_kinds(target: TargetSpec) -> list[str]:
     return out
 
 
+def has_amx(target: TargetSpec) -> bool:
+    """True for llvm x86 targets whose mcpu/mattr give AMX tiles with int8 (amx-tile, amx-int8)."""
+    t = resolve_target(target)
+    if str(t.kind.name) != "llvm":
+        return False
+    triple = str(t.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple()
+    if not triple.startswith(("x86_64", "i386", "i686")):
+        return False
+    return {"amx-tile", "amx-int8"} <= _llvm_target_features(t)
+
+
 def target_to_json(target: TargetSpec) -> dict:
     """The target as a JSON-able dict (for databases and reports)."""
     t = resolve_target(target)
@@ -390,6 +422,7 @@ __all__ = [
     "describe_host",
     "has_vnni",
     "vnni_kinds",
+    "has_amx",
     "host_target",
     "cuda_target",
     "physical_cores",

@@ -30,9 +30,15 @@ def format_host(desc: dict | None = None) -> str:
         f"physical cores: {d['physical_cores']} (logical {d['logical_cpus']})",
         f"avx512vnni:     {'yes' if d['avx512vnni'] else 'no'}",
         f"avxvnni:        {'yes' if d['avxvnni'] else 'no'}",
+        "amx:            " + (" ".join(f"{k}={'yes' if d.get(k) else 'no'}" for k in ("amx_tile", "amx_int8", "amx_bf16"))),
     ]
     if d["mattr"]:
-        lines.append(f"mattr:          {','.join(d['mattr'])}  (in the CPU model, hidden by the OS)")
+        hidden = [f for f in d["mattr"] if f.startswith("-")]
+        added = [f for f in d["mattr"] if f.startswith("+")]
+        if hidden:
+            lines.append(f"mattr:          {','.join(hidden)}  (in the CPU model, hidden by the OS)")
+        if added:
+            lines.append(f"mattr:          {','.join(added)}  (shown by the OS, not in the CPU model)")
     simd = [f for f in d["features"] if re.match(r"(avx|amx|sse4|fma|f16c)", f)]
     lines.append(f"simd features:  {' '.join(simd)}")
     lines.append("")
