@@ -7,7 +7,8 @@ setup(
     description="MetaSchedule schedule rules, postprocessors and tuning drivers for quantized models",
     python_requires=">=3.9",
     packages=["tvm_ext", "tvm_ext.intrinsics", "tvm_ext.tune", "tvm_ext.workloads", "tvm_ext.bench",
-              "tvm_ext.check", "tvm_ext.cli", "tvm_ext.testing", "tvm_ext.rules", "tvm_ext.postprocs"],
+              "tvm_ext.check", "tvm_ext.cli", "tvm_ext.testing", "tvm_ext.rules", "tvm_ext.postprocs",
+              "tvm_ext.frontend"],
     package_dir={
         "tvm_ext": "tvm_ext",
         "tvm_ext.rules": "rules",

@@ -36,18 +36,30 @@ def _qmsa(x, mult, lshift, rshift):
     )
 
 
-def _clip_u8(x):
-    return tvm.tirx.max(tvm.tirx.min(x, 255), 0).astype("uint8")
+def _clip_u8(x, lo=0, hi=255):
+    return tvm.tirx.max(tvm.tirx.min(x, int(hi)), int(lo)).astype("uint8")
 
 
 NHWC_SPATIAL = (1, 2)  # axes of H and W in NHWC; NCHW[x]c has them at (2, 3)
 
 
+def _pair(value) -> tuple[int, int]:
+    """An int or an (h, w) pair as (h, w)."""
+    return (int(value),) * 2 if np.ndim(value) == 0 else tuple(int(v) for v in value)
+
+
+def _pads(pad) -> tuple[int, int, int, int]:
+    """An int or ONNX-ordered (top, left, bottom, right) pads as a 4-tuple."""
+    return (int(pad),) * 4 if np.ndim(pad) == 0 else tuple(int(p) for p in pad)
+
+
 def _pad_hw(data, pad, value, name, spatial=NHWC_SPATIAL):
-    if pad == 0:
+    top, left, bottom, right = _pads(pad)
+    if not any((top, left, bottom, right)):
         return data
-    widths = [pad if axis in spatial else 0 for axis in range(len(data.shape))]
-    return topi.nn.pad(data, widths, widths, pad_value=value, name=name)
+    before, after = [0] * len(data.shape), [0] * len(data.shape)
+    (before[spatial[0]], before[spatial[1]]), (after[spatial[0]], after[spatial[1]]) = (top, left), (bottom, right)
+    return topi.nn.pad(data, before, after, pad_value=value, name=name)
 
 
 def _per_channel(const, idx, channel_axes):
@@ -62,19 +74,28 @@ def _per_channel(const, idx, channel_axes):
     return const(*(idx[a] for a in channel_axes))
 
 
-def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0):
-    """Raw int32 accumulator of uint8 NHWC data x int8 HWIO weights; pads with ``zp_in``."""
-    n, h, w, cin = (int(d) for d in data.shape)
-    kh, kw, _, cout = (int(d) for d in weight.shape)
+def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0, groups=1):
+    """Raw int32 accumulator of uint8 NHWC data x int8 HWIO weights; pads with ``zp_in``.
+
+    ``stride``: int or (h, w); ``pad``: int or (top, left, bottom, right); ``groups``:
+    weights are ``(KH, KW, C_in / groups, C_out)`` (depthwise: ``groups`` = C_in)."""
+    n, h, w, _ = (int(d) for d in data.shape)
+    kh, kw, cin, cout = (int(d) for d in weight.shape)
+    (sh, sw), (top, left, bottom, right) = _pair(stride), _pads(pad)
     padded = _pad_hw(data, pad, tvm.tirx.const(int(zp_in), data.dtype), "pad_temp")
-    ho, wo = (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1
+    ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
     rh = te.reduce_axis((0, kh), name="rh")
     rw = te.reduce_axis((0, kw), name="rw")
     rc = te.reduce_axis((0, cin), name="rc")
+    per_group = cout // groups
+
+    def channel(o):
+        return rc if groups == 1 else o // per_group * cin + rc
+
     return te.compute(
         (n, ho, wo, cout),
         lambda b, y, x, o: te.sum(
-            padded[b, y * stride + rh, x * stride + rw, rc].astype("int32")
+            padded[b, y * sh + rh, x * sw + rw, channel(o)].astype("int32")
             * weight[rh, rw, rc, o].astype("int32"),
             axis=[rh, rw, rc],
         ),
@@ -94,8 +115,9 @@ def dense(data, weight):
     )
 
 
-def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, channel_axes=None):
-    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, 0, 255)`` as uint8.
+def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255, channel_axes=None):
+    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, lo, hi)`` as uint8
+    (``lo``/``hi`` narrower than 0/255 hold a folded ReLU or Clip).
 
     By default the channel is the last axis of ``acc``: ``zp_corr`` and ``bias`` are
     shaped ``(1, ..., 1, C)``, ``mult``, ``lshift`` and ``rshift`` ``(C,)``. A packed
@@ -110,12 +132,13 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, channel_axes
             return _per_channel(const, idx, axes)
 
         x = acc(*idx) - at(zp_corr) + at(bias)
-        return _clip_u8(_qmsa(x, at(mult), at(lshift), at(rshift)) + zp[()])
+        return _clip_u8(_qmsa(x, at(mult), at(lshift), at(rshift)) + zp[()], lo, hi)
 
     return te.compute(acc.shape, _body, name="T_cast")
 
 
-def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, channel_axes=None):
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
+                   channel_axes=None):
     """Residual add of two uint8 tensors, each requantized to the output scale.
 
     Per-channel constants as in :func:`requantize` (``(C,)`` on the last axis by default).
@@ -130,7 +153,7 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
 
         ra = _qmsa(a(*idx).astype("int32") - int(zp_a), at(mult_a), zero, at(rshift_a))
         rb = _qmsa(b(*idx).astype("int32") - int(zp_b), at(mult_b), zero, at(rshift_b))
-        return _clip_u8(ra + rb + zp[()])
+        return _clip_u8(ra + rb + zp[()], lo, hi)
 
     return te.compute(a.shape, _body, name="T_add")
 
@@ -138,19 +161,21 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
 def max_pool2d(data, *, size=3, stride=2, pad=1, spatial=NHWC_SPATIAL):
     """Max pool over H and W of uint8 data, padding with 0 (the uint8 minimum).
 
+    ``size``/``stride``: int or (h, w); ``pad``: int or (top, left, bottom, right);
     ``spatial`` are the axes of H and W: NHWC by default, ``(2, 3)`` for NCHW[x]c.
     """
     ax_h, ax_w = spatial
+    (kh, kw), (sh, sw), pads = _pair(size), _pair(stride), _pads(pad)
     padded = _pad_hw(data, pad, tvm.tirx.const(0, data.dtype), "pad_temp", spatial)
     shape = [int(d) for d in data.shape]
-    for axis in spatial:
-        shape[axis] = (shape[axis] + 2 * pad - size) // stride + 1
-    rh = te.reduce_axis((0, size), name="rh")
-    rw = te.reduce_axis((0, size), name="rw")
+    for axis, k, s, p0, p1 in ((ax_h, kh, sh, pads[0], pads[2]), (ax_w, kw, sw, pads[1], pads[3])):
+        shape[axis] = (shape[axis] + p0 + p1 - k) // s + 1
+    rh = te.reduce_axis((0, kh), name="rh")
+    rw = te.reduce_axis((0, kw), name="rw")
 
     def _body(*idx):
         at = list(idx)
-        at[ax_h], at[ax_w] = idx[ax_h] * stride + rh, idx[ax_w] * stride + rw
+        at[ax_h], at[ax_w] = idx[ax_h] * sh + rh, idx[ax_w] * sw + rw
         return te.max(padded(*at), axis=[rh, rw])
 
     return te.compute(shape, _body, name="pool_max")
@@ -178,6 +203,59 @@ def global_avg_pool(data, *, spatial=NHWC_SPATIAL):
         lambda *idx: tvm.tirx.floordiv(total(*idx) + hw // 2, hw).astype("uint8"),
         name="pool_avg",
     )
+
+
+def global_sum(data):
+    """int32 sum over H and W of uint8 NHWC data: ``(N, C)`` (requantized by the caller)."""
+    _, h, w, _ = (int(d) for d in data.shape)
+    rh, rw = te.reduce_axis((0, h), name="rh"), te.reduce_axis((0, w), name="rw")
+    return te.compute((data.shape[0], data.shape[3]),
+                      lambda b, c: te.sum(data[b, rh, rw, c].astype("int32"), axis=[rh, rw]), name="pool_sum")
+
+
+def rescale(x, mult, rshift, *, zp_in, zp_out, lo=0, hi=255):
+    """uint8 to another scale: ``clip(qmsa(x - zp_in) + zp_out, lo, hi)``, per channel (last axis)."""
+    zero = tvm.tirx.const(0, "int32")
+    return te.compute(x.shape, lambda *i: _clip_u8(
+        _qmsa(x(*i).astype("int32") - int(zp_in), mult[i[-1]], zero, rshift[i[-1]]) + int(zp_out), lo, hi),
+        name="T_rescale")
+
+
+def quantize(data, scale, *, zp, lo=0, hi=255):
+    """float32 (NCHW, or 2-d) -> uint8 (NHWC): ``clip(round_half_even(x / scale) + zp, lo, hi)``,
+    in float32 like ONNX QuantizeLinear; ``scale`` is a 0-d float32 tensor."""
+    nchw = len(data.shape) == 4
+    shape = [data.shape[i] for i in ((0, 2, 3, 1) if nchw else range(len(data.shape)))]
+
+    def _body(*i):
+        x = data(i[0], i[3], i[1], i[2]) if nchw else data(*i)
+        q = tvm.tirx.nearbyint(x / scale[()]) + tvm.tirx.const(float(zp), "float32")
+        return tvm.tirx.max(tvm.tirx.min(q, float(hi)), float(lo)).astype("uint8")
+
+    return te.compute(shape, _body, name="quantize")
+
+
+def dequantize(data, scale, *, zp):
+    """uint8 (NHWC, or 2-d) -> float32 (NCHW): ``(x - zp) * scale`` like ONNX DequantizeLinear."""
+    nchw = len(data.shape) == 4
+    shape = [data.shape[i] for i in ((0, 3, 1, 2) if nchw else range(len(data.shape)))]
+
+    def _body(*i):
+        x = data(i[0], i[2], i[3], i[1]) if nchw else data(*i)
+        return (x.astype("int32") - int(zp)).astype("float32") * scale[()]
+
+    return te.compute(shape, _body, name="dequantize")
+
+
+def flatten(data):
+    """NHWC -> ``(N, C*H*W)`` in NCHW order (ONNX Flatten of the NCHW tensor)."""
+    n, h, w, c = (int(d) for d in data.shape)
+    return te.compute((n, c * h * w), lambda b, i: data[b, i // w % h, i % w, i // (h * w)], name="flatten")
+
+
+def concat(*data, axis):
+    """Concatenation of uint8 tensors of one scale along ``axis``."""
+    return topi.concatenate(data, axis=axis)
 
 
 # --------------------------------------------------------------------------------------
@@ -257,9 +335,11 @@ class QuantGraph:
         self.input_specs.append((shape, str(sample.dtype)))
         return Value(len(self.input_specs) - 1, sample, int(zp))
 
-    def _emit(self, name, op, inputs, consts=(), zp=0, **attrs) -> Value:
+    def step(self, name, op, inputs, consts=(), zp=0, **attrs) -> Value:
+        """Record op ``op`` of this module on ``inputs`` with the given constant arrays and
+        int (or int tuple) attributes; ``zp`` is the zero point of the result."""
         consts = tuple(np.ascontiguousarray(c) for c in consts)
-        attrs = {k: int(v) for k, v in attrs.items()}
+        attrs = {k: int(v) if np.ndim(v) == 0 else tuple(int(x) for x in v) for k, v in attrs.items()}
         self.steps.append(_Step(name, op, tuple(v.index for v in inputs), consts, attrs))
         sample = getattr(ref, op)(*(v.sample for v in inputs), *consts, **attrs)
         return Value(len(self.input_specs) + len(self.steps) - 1, sample, int(zp))
@@ -284,18 +364,18 @@ class QuantGraph:
         mult, rshift = fixed_point(TARGET_RMS / (rms * norm))
         lshift = np.zeros(cout, np.int32)
         consts = (zp_corr, bias, mult, lshift, rshift)
-        return self._emit(name, "requantize", [acc], consts, zp=zp_out, zp_out=zp_out)
+        return self.step(name, "requantize", [acc], consts, zp=zp_out, zp_out=zp_out)
 
     def conv(self, x: Value, cout: int, kernel: int, stride: int = 1, zp_out: int = 128, name="conv"):
         """uint8 conv2d (pad kernel//2) + requantize."""
         w = self._weights((kernel, kernel, x.shape[-1], cout))
-        acc = self._emit(name + ".acc", "conv2d_nhwc", [x], [w], stride=stride, pad=kernel // 2, zp_in=x.zp)
+        acc = self.step(name + ".acc", "conv2d_nhwc", [x], [w], stride=stride, pad=kernel // 2, zp_in=x.zp)
         return self._requantize(name, x, acc, w.reshape(-1, cout), zp_out)
 
     def dense(self, x: Value, units: int, zp_out: int = 128, name="fc"):
         """uint8 x int8 [units, K] dense + requantize."""
         w = self._weights((x.shape[-1], units)).T
-        acc = self._emit(name + ".acc", "dense", [x], [w])
+        acc = self.step(name + ".acc", "dense", [x], [w])
         return self._requantize(name, x, acc, w.T, zp_out)
 
     def add(self, a: Value, b: Value, zp_out: int = 128, name="add"):
@@ -307,15 +387,15 @@ class QuantGraph:
             mult, rshift = fixed_point(np.full(c, TARGET_RMS / (rms * np.sqrt(2.0))))
             consts += [mult, rshift]
         zps = {"zp_a": a.zp, "zp_b": b.zp, "zp_out": zp_out}
-        return self._emit(name, "add_requantize", [a, b], consts, zp=zp_out, **zps)
+        return self.step(name, "add_requantize", [a, b], consts, zp=zp_out, **zps)
 
     def max_pool(self, x: Value, name="maxpool"):
         """3x3 / 2 max pool, pad 1."""
-        return self._emit(name, "max_pool2d", [x], zp=x.zp, size=3, stride=2, pad=1)
+        return self.step(name, "max_pool2d", [x], zp=x.zp, size=3, stride=2, pad=1)
 
     def global_avg_pool(self, x: Value, name="avgpool"):
         """Integer global average pool."""
-        return self._emit(name, "global_avg_pool", [x], zp=x.zp)
+        return self.step(name, "global_avg_pool", [x], zp=x.zp)
 
     # -- using -----------------------------------------------------------------------
     def run(self, inputs) -> list[np.ndarray]:

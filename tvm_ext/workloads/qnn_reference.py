@@ -28,22 +28,34 @@ def q_multiply_shift_per_axis(x, mult, lshift, rshift, q=Q, lshift_required=Fals
     return x.astype(np.int32)
 
 
+def _pair(value):
+    return (int(value),) * 2 if np.ndim(value) == 0 else tuple(int(v) for v in value)
+
+
 def _pad(x, pad, value):
-    widths = [(0, 0), (pad, pad), (pad, pad), (0, 0)]
+    top, left, bottom, right = (int(pad),) * 4 if np.ndim(pad) == 0 else pad
+    widths = [(0, 0), (top, bottom), (left, right), (0, 0)]
     return np.pad(x, widths, mode="constant", constant_values=value)
 
 
-def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0):
-    """Raw int32 accumulator of uint8 NHWC data x int8 HWIO weights; pads with ``zp_in``."""
+def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0, groups=1):
+    """Raw int32 accumulator of uint8 NHWC data x int8 HWIO weights; pads with ``zp_in``.
+
+    ``stride``: int or (h, w); ``pad``: int or (top, left, bottom, right); ``groups``:
+    weights ``(KH, KW, C_in / groups, C_out)``."""
     kh, kw, cin, cout = weight.shape
     x = _pad(data, pad, zp_in)
-    n, hp, wp, _ = x.shape
-    ho, wo = (hp - kh) // stride + 1, (wp - kw) // stride + 1
+    if groups != 1:
+        per = cout // groups
+        return np.concatenate([conv2d_nhwc(x[..., g * cin:(g + 1) * cin], weight[..., g * per:(g + 1) * per],
+                                           stride=stride) for g in range(groups)], axis=-1)
+    (sh, sw), (n, hp, wp, _) = _pair(stride), x.shape
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
     w = weight.astype(np.float64).reshape(kh * kw * cin, cout)
     out = np.empty((n, ho, wo, cout), np.int32)
     for b in range(n):  # im2col one image at a time: one BLAS call, bounded memory
         taps = [
-            x[b, i : i + stride * ho : stride, j : j + stride * wo : stride, :]
+            x[b, i : i + sh * ho : sh, j : j + sw * wo : sw, :]
             for i in range(kh)
             for j in range(kw)
         ]
@@ -57,8 +69,8 @@ def dense(data, weight):
     return (data.astype(np.float64) @ weight.astype(np.float64).T).astype(np.int32)
 
 
-def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out):
-    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, 0, 255)`` as uint8.
+def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255):
+    """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, lo, hi)`` as uint8.
 
     Matches what TVM's compiled epilogue does where int32 overflows (measured in
     tests/test_workloads_int8.py): ``acc - zp_corr + bias`` wraps in int32 before the
@@ -67,25 +79,26 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out):
     """
     x = np.asarray(acc).astype(np.int32) - np.asarray(zp_corr, np.int32) + np.asarray(bias, np.int32)
     y = q_multiply_shift_per_axis(x, mult, lshift, rshift).astype(np.int64) + int(zp_out)
-    return np.clip(y, 0, 255).astype(np.uint8)
+    return np.clip(y, lo, hi).astype(np.uint8)
 
 
-def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out):
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255):
     """Residual add of two uint8 tensors, each requantized to the output scale."""
     ra = q_multiply_shift_per_axis(a.astype(np.int32) - np.int32(zp_a), mult_a, 0, rshift_a)
     rb = q_multiply_shift_per_axis(b.astype(np.int32) - np.int32(zp_b), mult_b, 0, rshift_b)
-    return np.clip(ra + rb + np.int32(zp_out), 0, 255).astype(np.uint8)
+    return np.clip(ra + rb + np.int32(zp_out), lo, hi).astype(np.uint8)
 
 
 def max_pool2d(data, *, size=3, stride=2, pad=1):
     """Max pool over H and W of uint8 NHWC data, padding with 0 (the uint8 minimum)."""
+    (kh, kw), (sh, sw) = _pair(size), _pair(stride)
     x = _pad(data, pad, 0)
     n, hp, wp, c = x.shape
-    ho, wo = (hp - size) // stride + 1, (wp - size) // stride + 1
+    ho, wo = (hp - kh) // sh + 1, (wp - kw) // sw + 1
     out = np.zeros((n, ho, wo, c), data.dtype)
-    for i in range(size):
-        for j in range(size):
-            patch = x[:, i : i + stride * ho : stride, j : j + stride * wo : stride, :]
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i : i + sh * ho : sh, j : j + sw * wo : sw, :]
             out = np.maximum(out, patch)
     return out
 
@@ -95,6 +108,40 @@ def global_avg_pool(data):
     n, h, w, c = data.shape
     total = data.astype(np.int32).sum(axis=(1, 2))
     return ((total + (h * w) // 2) // (h * w)).astype(np.uint8)
+
+
+def global_sum(data):
+    """int32 sum over H and W of uint8 NHWC data: ``(N, C)``."""
+    return data.astype(np.int32).sum(axis=(1, 2), dtype=np.int32)
+
+
+def rescale(x, mult, rshift, *, zp_in, zp_out, lo=0, hi=255):
+    """uint8 to another scale: ``clip(qmsa(x - zp_in) + zp_out, lo, hi)``."""
+    r = q_multiply_shift_per_axis(x.astype(np.int32) - np.int32(zp_in), mult, 0, rshift)
+    return np.clip(r.astype(np.int64) + zp_out, lo, hi).astype(np.uint8)
+
+
+def quantize(data, scale, *, zp, lo=0, hi=255):
+    """float32 (NCHW, or 2-d) -> uint8 (NHWC): ``clip(round_half_even(x / scale) + zp, lo, hi)``."""
+    x = data.transpose(0, 2, 3, 1) if data.ndim == 4 else data
+    q = np.rint(x.astype(np.float32) / np.float32(scale)) + np.float32(zp)
+    return np.clip(q, lo, hi).astype(np.uint8)
+
+
+def dequantize(data, scale, *, zp):
+    """uint8 (NHWC, or 2-d) -> float32 (NCHW): ``(x - zp) * scale``."""
+    x = data.transpose(0, 3, 1, 2) if data.ndim == 4 else data
+    return (x.astype(np.int32) - np.int32(zp)).astype(np.float32) * np.float32(scale)
+
+
+def flatten(data):
+    """NHWC -> ``(N, C*H*W)`` in NCHW order."""
+    return np.ascontiguousarray(data.transpose(0, 3, 1, 2)).reshape(data.shape[0], -1)
+
+
+def concat(*data, axis):
+    """Concatenation along ``axis``."""
+    return np.concatenate(data, axis=axis)
 
 
 def clip_fraction(x):
