@@ -290,6 +290,11 @@ class VerifyGPUCode(PyPostproc):
         other.target, other.limits = self.target, self.limits
         return other
 
+    def checked(self) -> int:
+        """Candidates checked so far (by this postproc and every clone)."""
+        with self.log.lock:
+            return self.log.checked
+
     def reason_counts(self) -> dict:
         """Rejections so far by reason (shared with every clone)."""
         with self.log.lock:

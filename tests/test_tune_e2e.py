@@ -1,12 +1,18 @@
 """ms.tune_tir with tvm_ext.space and the stack's builder and runner on the seed conv task,
-then bit-exact against NumPy."""
+then bit-exact against NumPy; tune_task's per-task VerifyGPUCode rejection counts (slow)."""
+import os
+import tempfile
+
 import numpy as np
+import pytest
 import tvm
+from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 
 import tvm_ext
 import tvm_ext.tune
-from kernels import llvm_target
+from kernels import llvm_target, requantize_primfunc
 from tvm_ext.tune.database import record_seconds
 from tvm_ext.workloads import qnn_reference as ref
 from tvm_ext.workloads.conv2d_int8 import ZP_IN, ZP_OUT, seed_conv_primfunc
@@ -54,3 +60,44 @@ def test_tune_tir_with_plugin_space_is_bit_exact(tmp_path):
     expected = numpy_reference(*args)
     assert 0 < np.count_nonzero(expected) < expected.size  # not all clipped
     np.testing.assert_array_equal(out.numpy(), expected)
+
+
+
+@pytest.mark.slow
+def test_tune_task_reports_its_own_verify_gpu_rejections(tmp_path):
+    """On cuda, tune_task returns what VerifyGPUCode rejected while searching that task only
+    (a fresh postproc per call; `tvm-ext tune` prints it per task): a conv on a target with
+    64 threads per block gets rejections, an elementwise kernel searched before and after it
+    gets none, so nothing carries over from one task to the next."""
+    from tvm.s_tir.meta_schedule.testing.dummy_object import DummyRunner
+
+    from kernels import CUDA
+    from tvm_ext.tune.driver import Task, tune_task
+
+    target = tvm.target.Target(dict(CUDA, max_threads_per_block=64))
+    database = ms.database.MemoryDatabase()
+    conv = Task("conv", 1, tvm.IRModule({"main": seed_conv_primfunc(image=IMAGE, channels=CIN,
+                                                                     out_channels=COUT)}))
+    elementwise = Task("requantize", 1, tvm.IRModule({"main": requantize_primfunc(64, 64)}))
+    runs = [tune_task(task, target, database, str(tmp_path), 1, builder=FileBuilder(tmp_path),
+                      runner=DummyRunner()) for task in (elementwise, conv, elementwise)]
+    assert all(r.checked > 0 for r in runs)
+    assert runs[0].reasons == {} and runs[2].reasons == {}
+    assert sum(runs[1].reasons.values()) > 0 and "VerifyGPUCode rejected" in runs[1].line()
+
+
+@derived_object
+class FileBuilder(PyBuilder):
+    """Builds nothing: one empty artifact file per candidate (MetaSchedule deletes them)."""
+
+    def __init__(self, tmp_path):
+        super().__init__()
+        self.dir = str(tmp_path)
+
+    def build(self, build_inputs):
+        results = []
+        for _ in build_inputs:
+            fd, path = tempfile.mkstemp(dir=self.dir, suffix=".so")
+            os.close(fd)
+            results.append(BuilderResult(path, None))
+        return results

@@ -49,6 +49,21 @@ def bind_split(sch, loop, factors, tags, vectorize=False):
     return parts
 
 
+
+def test_rejections_sum_over_our_postprocs_in_one_line():
+    """What `tvm-ext tune` prints per task: tvm_ext.tune.driver.Rejections over the postproc
+    list of the task's space (only ours count), by reason."""
+    from tvm_ext.tune.driver import Rejections
+
+    post = initialized(VerifyGPUCode())
+    assert post.apply(int32_copy(vec=1, threads=128)) is True
+    assert post.apply(int32_copy(vec=1, threads=2048)) is False
+    rejections = Rejections.of([ms.postproc.VerifyGPUCode(), post])
+    assert (rejections.checked, rejections.reasons) == (2, {"threads_per_block": 1})
+    assert rejections.line() == "VerifyGPUCode rejected 1 of 2 candidates (threads_per_block 1)"
+    assert Rejections.of([]).line() == ""  # llvm: nothing of ours checks, nothing printed
+
+
 # ---------------------------------------------------------------- threads_per_block
 def int32_copy(vec=4, threads=128):
     a = te.placeholder((64, 256), "int32", name="a")

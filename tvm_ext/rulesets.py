@@ -82,16 +82,20 @@ def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> lis
     return add_vnni([], posts, target)[1] if add_vnni else posts
 
 
-def space(target: tvm.target.Target, ruleset: str = "plugin") -> ms.space_generator.PostOrderApply:
+def space(target: tvm.target.Target, ruleset: str = "plugin",
+          postprocs: list | None = None) -> ms.space_generator.PostOrderApply:
     """A PostOrderApply design-space generator with the rule set's rules and postprocs.
 
-    Also imports TVM's tensor intrinsics the fast way (see ``tvm_ext.intrinsics.fast_import``), so
-    that the ``ms.TuneContext`` this space goes into does not spend ~40 s importing them.
+    ``postprocs``: the list ``default_postprocs(target, ruleset)`` made by the caller, who
+    keeps the Python objects (the space hands back TVM's wrappers, without our methods such
+    as ``VerifyGPUCode.reason_counts``).  Also imports TVM's tensor intrinsics the fast way
+    (see ``tvm_ext.intrinsics.fast_import``), so that the ``ms.TuneContext`` this space goes
+    into does not spend ~40 s importing them.
     """
     import_tensor_intrinsics()
     return ms.space_generator.PostOrderApply(
         sch_rules=default_rules(target, ruleset),
-        postprocs=default_postprocs(target, ruleset),
+        postprocs=default_postprocs(target, ruleset) if postprocs is None else postprocs,
         mutator_probs=target_kind(target),
     )
 

@@ -13,7 +13,7 @@ from typing import Callable
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from tvm_ext.rulesets import space
+from tvm_ext.rulesets import default_postprocs, space
 from tvm_ext.tune.apply import kernels_of
 from tvm_ext.tune.builder import make_builder
 from tvm_ext.tune.logs import loggers_for
@@ -72,22 +72,55 @@ def task_logger(work_dir: str, task_name: str, verbose: bool = False):
 
 
 def tune_task(task: Task, target, database, log_dir: str, trials: int, *, ruleset: str = "plugin",
-              runner=None, seed: int = 0, per_iter: int = 16, callbacks: list | None = None,
-              verbose: bool = False) -> None:
+              runner=None, builder=None, seed: int = 0, per_iter: int = 16,
+              callbacks: list | None = None, verbose: bool = False) -> Rejections:
     """Measure ``trials`` more candidates of one task into ``database``: the stack's space,
-    builder, runner (default ``make_runner()``), search strategy and per-task log file under
-    ``<log_dir>/logs/``.  ``callbacks`` run after TVM's default measure callbacks (so after
-    AddToDatabase), once per batch of at most ``per_iter`` candidates."""
+    builder (default ``make_builder()``), runner (default ``make_runner()``), search strategy
+    and per-task log file under ``<log_dir>/logs/``.  ``callbacks`` run after TVM's default
+    measure callbacks (so after AddToDatabase), once per batch of at most ``per_iter``
+    candidates.  Returns what our postprocs rejected while searching this task (a new space
+    per call: the counts are this task's and this run's only)."""
     measure = list(ms.measure_callback.MeasureCallback.create("default")) + list(callbacks or [])
-    context = ms.TuneContext(mod=task.mod, target=target, space_generator=space(target, ruleset),
+    postprocs = default_postprocs(target, ruleset)
+    context = ms.TuneContext(mod=task.mod, target=target, space_generator=space(target, ruleset, postprocs),
                              search_strategy=search_strategy(trials), task_name=task.name,
                              rand_state=seed, num_threads="physical",
                              logger=task_logger(log_dir, task.name, verbose)).clone()
     ms.tune_tasks(tasks=[context], task_weights=[float(task.weight)], work_dir=log_dir,
                   max_trials_global=trials, max_trials_per_task=trials,
                   num_trials_per_iter=min(per_iter, trials), database=database,
-                  runner=runner if runner is not None else make_runner(), builder=make_builder(),
+                  runner=runner if runner is not None else make_runner(),
+                  builder=builder if builder is not None else make_builder(),
                   measure_callbacks=measure)
+    return Rejections.of(postprocs)
+
+
+@dataclass
+class Rejections:
+    """Candidates our postprocs checked and rejected during one task's search, by reason
+    (VerifyGPUCode on cuda; on llvm nothing of ours rejects, and ``checked`` stays 0)."""
+    checked: int
+    reasons: dict
+
+    @classmethod
+    def of(cls, postprocs) -> "Rejections":
+        checked, reasons = 0, {}
+        for post in postprocs:
+            if hasattr(post, "reason_counts"):
+                checked += post.checked()
+                for reason, count in post.reason_counts().items():
+                    reasons[reason] = reasons.get(reason, 0) + count
+        return cls(checked, dict(sorted(reasons.items(), key=lambda kv: -kv[1])))
+
+    def line(self) -> str:
+        """'' when nothing was checked, else e.g. 'VerifyGPUCode rejected 12 of 300 candidates
+        (lowering 9, shared_memory 3)'."""
+        if not self.checked:
+            return ""
+        rejected = sum(self.reasons.values())
+        why = ", ".join(f"{k} {v}" for k, v in self.reasons.items())
+        return (f"VerifyGPUCode rejected {rejected} of {self.checked} candidates"
+                + (f" ({why})" if why else ""))
 
 
 def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
@@ -124,9 +157,10 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
         log(f"{head}: {trials - todo[task.name]}/{trials} trials, tuning {todo[task.name]}{eta}")
         start = time.time()
         try:
-            tune_task(task, target, database, work_dir, todo[task.name], ruleset=ruleset,
-                      runner=runner, seed=seed + i, per_iter=per_iter, verbose=verbose,
-                      callbacks=[errors.callback(), stop_callback(should_stop)])
+            rejections = tune_task(task, target, database, work_dir, todo[task.name],
+                                   ruleset=ruleset, runner=runner, seed=seed + i,
+                                   per_iter=per_iter, verbose=verbose,
+                                   callbacks=[errors.callback(), stop_callback(should_stop)])
         finally:  # also when stopped: the records it wrote were paid for
             elapsed = time.time() - start
             add_tuning_seconds(work_dir, task.name, elapsed)
@@ -138,6 +172,8 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
                 f"details in {os.path.join(work_dir, 'logs')}")
         else:
             log(f"{head}: best {secs * 1e6:.1f} us after {elapsed:.0f} s")
+        if rejections.line():
+            log(f"{head}: {rejections.line()}")
     return report(work_dir, database)
 
 
