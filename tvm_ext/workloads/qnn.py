@@ -23,15 +23,16 @@ def const_scalar(value: int, dtype: str = "int32", name: str = "compile_engine_c
     return te.compute((), lambda: tvm.tirx.const(int(value), dtype), name=name)
 
 
-def _qmsa(x, mult, lshift, rshift):
-    """``q_multiply_shift_per_axis(x, mult, lshift, rshift, 31, False, True)`` as in the seed."""
+def _qmsa(x, mult, lshift, rshift, lshift_required=False):
+    """``q_multiply_shift_per_axis(x, mult, lshift, rshift, 31, False, True)`` as in the seed
+    (``lshift_required``: ``True`` there, for multipliers >= 1)."""
     return tvm.tirx.q_multiply_shift_per_axis(
         x,
         mult,
         lshift,
         rshift,
         tvm.tirx.const(Q, "int32"),
-        tvm.tirx.const(False, "bool"),
+        tvm.tirx.const(bool(lshift_required), "bool"),
         tvm.tirx.const(True, "bool"),
     )
 
@@ -115,9 +116,10 @@ def dense(data, weight):
     )
 
 
-def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255, channel_axes=None):
+def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255, left=0, channel_axes=None):
     """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, lo, hi)`` as uint8
-    (``lo``/``hi`` narrower than 0/255 hold a folded ReLU or Clip).
+    (``lo``/``hi`` narrower than 0/255 hold a folded ReLU or Clip; ``left``: apply ``lshift``,
+    for multipliers >= 1).
 
     By default the channel is the last axis of ``acc``: ``zp_corr`` and ``bias`` are
     shaped ``(1, ..., 1, C)``, ``mult``, ``lshift`` and ``rshift`` ``(C,)``. A packed
@@ -132,16 +134,17 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255
             return _per_channel(const, idx, axes)
 
         x = acc(*idx) - at(zp_corr) + at(bias)
-        return _clip_u8(_qmsa(x, at(mult), at(lshift), at(rshift)) + zp[()], lo, hi)
+        return _clip_u8(_qmsa(x, at(mult), at(lshift), at(rshift), left) + zp[()], lo, hi)
 
     return te.compute(acc.shape, _body, name="T_cast")
 
 
 def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
-                   channel_axes=None):
+                   lshift_a=0, lshift_b=0, channel_axes=None):
     """Residual add of two uint8 tensors, each requantized to the output scale.
 
-    Per-channel constants as in :func:`requantize` (``(C,)`` on the last axis by default).
+    Per-channel constants as in :func:`requantize` (``(C,)`` on the last axis by default);
+    ``lshift_a``/``lshift_b`` multiply an input by a power of two first (scale ratios >= 1).
     """
     zp = const_scalar(zp_out)
     zero = tvm.tirx.const(0, "int32")
@@ -151,8 +154,8 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
         def at(const):
             return _per_channel(const, idx, axes)
 
-        ra = _qmsa(a(*idx).astype("int32") - int(zp_a), at(mult_a), zero, at(rshift_a))
-        rb = _qmsa(b(*idx).astype("int32") - int(zp_b), at(mult_b), zero, at(rshift_b))
+        ra = _qmsa(_shl(a(*idx).astype("int32") - int(zp_a), lshift_a), at(mult_a), zero, at(rshift_a))
+        rb = _qmsa(_shl(b(*idx).astype("int32") - int(zp_b), lshift_b), at(mult_b), zero, at(rshift_b))
         return _clip_u8(ra + rb + zp[()], lo, hi)
 
     return te.compute(a.shape, _body, name="T_add")
@@ -213,36 +216,40 @@ def global_sum(data):
                       lambda b, c: te.sum(data[b, rh, rw, c].astype("int32"), axis=[rh, rw]), name="pool_sum")
 
 
-def rescale(x, mult, rshift, *, zp_in, zp_out, lo=0, hi=255):
-    """uint8 to another scale: ``clip(qmsa(x - zp_in) + zp_out, lo, hi)``, per channel (last axis)."""
+def _shl(x, shift):
+    return x * (1 << int(shift)) if shift else x
+
+
+def rescale(x, mult, rshift, *, zp_in, zp_out, lo=0, hi=255, lshift=0):
+    """uint8 to another scale: ``clip(qmsa((x - zp_in) << lshift) + zp_out, lo, hi)``, per channel (last axis)."""
     zero = tvm.tirx.const(0, "int32")
-    return te.compute(x.shape, lambda *i: _clip_u8(
-        _qmsa(x(*i).astype("int32") - int(zp_in), mult[i[-1]], zero, rshift[i[-1]]) + int(zp_out), lo, hi),
+    return te.compute(x.shape, lambda *i: _clip_u8(_qmsa(
+        _shl(x(*i).astype("int32") - int(zp_in), lshift), mult[i[-1]], zero, rshift[i[-1]]) + int(zp_out), lo, hi),
         name="T_rescale")
 
 
-def quantize(data, scale, *, zp, lo=0, hi=255):
-    """float32 (NCHW, or 2-d) -> uint8 (NHWC): ``clip(round_half_even(x / scale) + zp, lo, hi)``,
-    in float32 like ONNX QuantizeLinear; ``scale`` is a 0-d float32 tensor."""
+def quantize(data, scale, *, zp_out, lo=0, hi=255):
+    """float32 (NCHW, or 2-d) -> uint8 (NHWC): ``clip(round_half_even(x / scale) + zp_out, lo, hi)``,
+    in float32 like ONNX QuantizeLinear; ``scale`` is a (1,) float32 tensor."""
     nchw = len(data.shape) == 4
     shape = [data.shape[i] for i in ((0, 2, 3, 1) if nchw else range(len(data.shape)))]
 
     def _body(*i):
         x = data(i[0], i[3], i[1], i[2]) if nchw else data(*i)
-        q = tvm.tirx.nearbyint(x / scale[()]) + tvm.tirx.const(float(zp), "float32")
+        q = tvm.tirx.nearbyint(x / scale[0]) + tvm.tirx.const(float(zp_out), "float32")
         return tvm.tirx.max(tvm.tirx.min(q, float(hi)), float(lo)).astype("uint8")
 
     return te.compute(shape, _body, name="quantize")
 
 
-def dequantize(data, scale, *, zp):
-    """uint8 (NHWC, or 2-d) -> float32 (NCHW): ``(x - zp) * scale`` like ONNX DequantizeLinear."""
+def dequantize(data, scale, *, zp_in):
+    """uint8 (NHWC, or 2-d) -> float32 (NCHW): ``(x - zp_in) * scale`` like ONNX DequantizeLinear."""
     nchw = len(data.shape) == 4
     shape = [data.shape[i] for i in ((0, 3, 1, 2) if nchw else range(len(data.shape)))]
 
     def _body(*i):
         x = data(i[0], i[2], i[3], i[1]) if nchw else data(*i)
-        return (x.astype("int32") - int(zp)).astype("float32") * scale[()]
+        return (x.astype("int32") - int(zp_in)).astype("float32") * scale[0]
 
     return te.compute(shape, _body, name="dequantize")
 

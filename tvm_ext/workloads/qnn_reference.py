@@ -69,7 +69,7 @@ def dense(data, weight):
     return (data.astype(np.float64) @ weight.astype(np.float64).T).astype(np.int32)
 
 
-def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255):
+def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255, left=0):
     """The seed's epilogue: ``clip(qmsa(acc - zp_corr + bias) + zp_out, lo, hi)`` as uint8.
 
     Matches what TVM's compiled epilogue does where int32 overflows (measured in
@@ -78,14 +78,15 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255
     into the signed add), so it is done here in int64.
     """
     x = np.asarray(acc).astype(np.int32) - np.asarray(zp_corr, np.int32) + np.asarray(bias, np.int32)
-    y = q_multiply_shift_per_axis(x, mult, lshift, rshift).astype(np.int64) + int(zp_out)
+    y = q_multiply_shift_per_axis(x, mult, lshift, rshift, lshift_required=bool(left)).astype(np.int64) + int(zp_out)
     return np.clip(y, lo, hi).astype(np.uint8)
 
 
-def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255):
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
+                   lshift_a=0, lshift_b=0):
     """Residual add of two uint8 tensors, each requantized to the output scale."""
-    ra = q_multiply_shift_per_axis(a.astype(np.int32) - np.int32(zp_a), mult_a, 0, rshift_a)
-    rb = q_multiply_shift_per_axis(b.astype(np.int32) - np.int32(zp_b), mult_b, 0, rshift_b)
+    ra = q_multiply_shift_per_axis((a.astype(np.int32) - np.int32(zp_a)) << lshift_a, mult_a, 0, rshift_a)
+    rb = q_multiply_shift_per_axis((b.astype(np.int32) - np.int32(zp_b)) << lshift_b, mult_b, 0, rshift_b)
     return np.clip(ra + rb + np.int32(zp_out), lo, hi).astype(np.uint8)
 
 
@@ -115,23 +116,23 @@ def global_sum(data):
     return data.astype(np.int32).sum(axis=(1, 2), dtype=np.int32)
 
 
-def rescale(x, mult, rshift, *, zp_in, zp_out, lo=0, hi=255):
-    """uint8 to another scale: ``clip(qmsa(x - zp_in) + zp_out, lo, hi)``."""
-    r = q_multiply_shift_per_axis(x.astype(np.int32) - np.int32(zp_in), mult, 0, rshift)
+def rescale(x, mult, rshift, *, zp_in, zp_out, lo=0, hi=255, lshift=0):
+    """uint8 to another scale: ``clip(qmsa((x - zp_in) << lshift) + zp_out, lo, hi)``."""
+    r = q_multiply_shift_per_axis((x.astype(np.int32) - np.int32(zp_in)) << lshift, mult, 0, rshift)
     return np.clip(r.astype(np.int64) + zp_out, lo, hi).astype(np.uint8)
 
 
-def quantize(data, scale, *, zp, lo=0, hi=255):
-    """float32 (NCHW, or 2-d) -> uint8 (NHWC): ``clip(round_half_even(x / scale) + zp, lo, hi)``."""
+def quantize(data, scale, *, zp_out, lo=0, hi=255):
+    """float32 (NCHW, or 2-d) -> uint8 (NHWC): ``clip(round_half_even(x / scale) + zp_out, lo, hi)``."""
     x = data.transpose(0, 2, 3, 1) if data.ndim == 4 else data
-    q = np.rint(x.astype(np.float32) / np.float32(scale)) + np.float32(zp)
+    q = np.rint(x.astype(np.float32) / np.float32(scale).reshape(())) + np.float32(zp_out)
     return np.clip(q, lo, hi).astype(np.uint8)
 
 
-def dequantize(data, scale, *, zp):
-    """uint8 (NHWC, or 2-d) -> float32 (NCHW): ``(x - zp) * scale``."""
+def dequantize(data, scale, *, zp_in):
+    """uint8 (NHWC, or 2-d) -> float32 (NCHW): ``(x - zp_in) * scale``."""
     x = data.transpose(0, 3, 1, 2) if data.ndim == 4 else data
-    return (x.astype(np.int32) - np.int32(zp)).astype(np.float32) * np.float32(scale)
+    return (x.astype(np.int32) - np.int32(zp_in)).astype(np.float32) * np.float32(scale).reshape(())
 
 
 def flatten(data):

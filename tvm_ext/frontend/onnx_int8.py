@@ -1,0 +1,161 @@
+"""Import int8 ONNX models (ONNX Runtime's QDQ and QOperator formats) into integer Relax.
+
+TVM 0.27's Relax ONNX frontend runs QuantizeLinear/DequantizeLinear as float math around
+float convolutions and has no QLinearConv; here each quantized op becomes a step of the
+project's quantized graph builder (:class:`tvm_ext.workloads.qnn.QuantGraph`): conv2d /
+dense accumulators with the seed's requantize epilogue, residual add_requantize, pools,
+so the fused tasks are those the rules are made for, and the NumPy reference of the
+builder gives the exact expected output of the compiled module.
+
+* QDQ: ``DequantizeLinear -> Conv | Gemm | MatMul | Add | GlobalAveragePool | AveragePool
+  | Concat [-> Relu | Clip] -> QuantizeLinear`` groups become the integer op (Relu/Clip
+  folded into the requantize clip); MaxPool, Flatten and Reshape move integer tensors.
+* QOperator: QLinearConv, QLinearMatMul, QuantizeLinear/DequantizeLinear at the edges,
+  MaxPool on uint8, Flatten/Reshape, and from ``com.microsoft`` QLinearAdd, QGemm,
+  QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat.
+
+The module keeps the model's signature: float32 NCHW in, float32 out. Inside, activations
+are NHWC uint8 (int8 tensors shifted by 128), weights int8 HWIO. How the rounding differs
+from ORT's: see :mod:`.qvalues`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from tvm_ext.workloads.base import Workload
+from tvm_ext.workloads.qnn import QuantGraph
+
+from . import onnx_nodes
+from .qvalues import Steps, View
+
+OPSETS = (13, 21)  # default-domain opsets handled (per-axis DequantizeLinear needs 13)
+LAYOUTS = ("auto", "nhwc", "nchwc")
+
+
+@dataclass
+class Imported:
+    """An imported model: the recorded graph, its Relax module as a Workload, and what was found."""
+
+    workload: Workload
+    graph: QuantGraph
+    ops: dict  # ONNX op type -> count
+    input_name: str
+    input_shape: tuple
+    output_name: str
+    out_scale: float
+    out_zp: int
+    layers: dict  # ONNX tensor name -> (value index in graph.run, signed)
+    layout: str
+    sha256: str
+    params: int  # weight elements
+
+
+def load(path: str):
+    """The ONNX model at ``path``; ValueError for a file that is not one (or truncated)."""
+    import onnx  # pylint: disable=import-outside-toplevel
+    from google.protobuf.message import DecodeError  # pylint: disable=import-outside-toplevel
+
+    with open(path, "rb") as f:  # OSError for a missing file: exit 1, as for other commands
+        data = f.read()
+    try:
+        model = onnx.load_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{path} is not an ONNX model (or is truncated): {str(err).strip() or 'parse error'}") from err
+    if not model.graph.node or not model.graph.output:
+        raise ValueError(f"{path} is not an ONNX model (or is truncated): no graph nodes")
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        first = str(err).strip().splitlines()[0]
+        raise ValueError(f"{path} is not a valid ONNX model (or is truncated): {first}") from err
+    return model, hashlib.sha256(data).hexdigest()
+
+
+def check_supported(model) -> Counter:
+    """Op types by count; ValueError for an unhandled opset, a float model or an unsupported op."""
+    ops = Counter(n.op_type for n in model.graph.node)
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and not OPSETS[0] <= imp.version <= OPSETS[1]:
+            raise ValueError(f"opset {imp.version} is not handled (default domain opsets "
+                             f"{OPSETS[0]}-{OPSETS[1]}); convert it with onnx.version_converter")
+    quantized = {"QuantizeLinear", "DequantizeLinear"} | set(onnx_nodes.QOPERATOR)
+    if not quantized & set(ops):
+        raise ValueError("the model is not quantized (float: no QuantizeLinear, DequantizeLinear or "
+                         "QLinear* ops): import float models with tvm.relax.frontend.onnx.from_onnx, "
+                         "or quantize it first (onnxruntime.quantization.quantize_static)")
+    for node in model.graph.node:
+        if node.op_type not in onnx_nodes.SUPPORTED or node.domain not in ("", "ai.onnx", "com.microsoft"):
+            raise ValueError(f"unsupported op {node.op_type} (node {node.name!r}); supported: "
+                             f"{', '.join(sorted(onnx_nodes.SUPPORTED))}")
+    return ops
+
+
+def input_shape(model, shapes: dict | None) -> tuple[str, tuple]:
+    """Name and static shape of the one float input; ``shapes`` overrides, required for dynamic dims."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if len(inputs) != 1 or len(model.graph.output) != 1:
+        raise ValueError(f"models with one input and one output are supported, not {len(inputs)} and "
+                         f"{len(model.graph.output)}")
+    (inp,) = inputs
+    shapes = shapes or {}
+    unknown = set(shapes) - {inp.name}
+    if unknown:
+        raise ValueError(f"--shape names {', '.join(sorted(unknown))}, but the model's input is {inp.name!r}")
+    if inp.type.tensor_type.elem_type != 1:
+        raise ValueError(f"input {inp.name!r} is not float32 (the quantized models of ORT take float input)")
+    if inp.name in shapes:
+        return inp.name, tuple(int(d) for d in shapes[inp.name])
+    dims = inp.type.tensor_type.shape.dim
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 0 for d in dims)
+    if not dims or not all(shape):
+        shown = "x".join(d.dim_param or (str(d.dim_value) if d.dim_value else "?") for d in dims)
+        raise ValueError(f"input {inp.name!r} has a dynamic shape ({shown}): give it with "
+                         f"--shape {inp.name}=1x3x224x224")
+    return inp.name, shape
+
+
+def resolve_layout(layout: str, target=None) -> str:  # pylint: disable=unused-argument
+    """The activation layout of the integer module. ``auto`` is meant to pick the packed
+    NCHW[x]c layout (``qnn_packed.PackedEmitter``) where ``vnni_intrin_name(target)`` is
+    set, but the packed emitter does not take imported graphs yet (their float
+    quantize/dequantize edges, depthwise and grouped convs, explicit pads), so ``auto`` is
+    ``nhwc`` and ``nchwc`` is refused with a clear message."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    if layout == "nchwc":
+        raise ValueError("layout nchwc is not available for imported models yet (use nhwc or auto)")
+    return "nhwc"
+
+
+def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", target=None,
+                seed: int = 0) -> Imported:
+    """Import the int8 ONNX model at ``path`` (see the module doc)."""
+    model, digest = load(path)
+    ops = check_supported(model)
+    name, shape = input_shape(model, shapes)
+    layout = resolve_layout(layout, target)
+    sample = np.random.RandomState(seed).randn(*shape).astype(np.float32)
+    graph = QuantGraph(seed)
+    conv = onnx_nodes.Converter(Steps(graph), model, name, sample)
+    out = conv.run()
+    if not isinstance(out, View):
+        raise ValueError(f"output {model.graph.output[0].name!r} must be a DequantizeLinear (float) output")
+    steps = conv.steps
+    steps.output(out)
+    n_in = len(graph.input_specs)
+    layers = {k: (v.value.index, v.signed) for k, v in steps.layers.items() if v.value.index >= n_in}
+    base = os.path.splitext(os.path.basename(path))[0]
+    options = {"onnx": os.path.basename(path), "sha256": digest, "input_shape": list(shape), "layout": layout}
+    wl = Workload(f"onnx-{base}-{digest[:12]}", graph.to_relax(), [sample], graph, exact=True, options=options)
+    params = sum(int(np.prod(c.shape)) for s in graph.steps if s.op in ("conv2d_nhwc", "dense") for c in s.consts)
+    return Imported(wl, graph, dict(ops), name, shape, model.graph.output[0].name, out.q.scale, out.q.zp,
+                    layers, layout, digest, params)
+
+
+__all__ = ["Imported", "import_onnx", "load", "check_supported", "input_shape", "resolve_layout"]
