@@ -1,0 +1,149 @@
+"""DequantGEMV: CPU schedules for q4 decode kernels (dequantize + GEMV + epilogue).
+
+Pattern (``tvm_ext.gemv_pattern``, by structure): one activation row times a weight that a
+dequantize block (or its inlined expression) makes from packed integer words ``P[n, k // pack]``
+and per-group scales ``S[n, k // group]``, followed by elementwise epilogues (bias, gelu,
+residual adds) -- Phi-2's qkv, dense, fc1, fc2 and lm_head decode kernels, fused or with the
+dequantize still a separate block.
+
+Why: such a kernel reads each weight once, so it runs at memory (or unpack) speed only if the
+dequantize never goes to memory and the unpack is vectorized. TVM's MultiLevelTiling tiles it
+as a matmul (the dequantized weight cached, K walked element by element, 18x the bandwidth
+bound in the committed bench) and dlight's CPU GEMV vectorizes across N, which gathers words
+from N different rows. This rule builds, for the whole function:
+
+* the dequantize inlined into the GEMV, the epilogues inlined into the last one;
+* N split into ``n_o`` (parallel) x ``rows`` (unrolled: rows share each activation load);
+* K walked in whole quantization groups ``g`` (one scale load per row and group), each group
+  split into words ``w`` (unrolled) x ``lanes`` (vectorized); the lanes are an rfactor, so every
+  row keeps ``lanes`` partial sums in registers (one packed word = 8 nibbles: broadcast, shift by
+  the lane vector, mask, convert, subtract 7, multiply by the scale, FMA);
+* the lane sums, then the epilogue, computed per ``n_o`` tile (one loop nest, output written
+  once).
+
+``rows`` and ``lanes`` are sampled decisions (candidates that divide N / the group; defaults
+``DEFAULT_ROWS`` / ``DEFAULT_LANES``). Blocks it scheduled are annotated
+``schedule_rule: "None"`` so that later rules leave them alone. Anything that does not match is
+returned unchanged, for TVM's other rules.
+
+``untuned(mod, target)`` applies the default decisions to every matching PrimFunc of a module
+without tuning (like dlight) and leaves the others unchanged; ``matches(func)`` says which.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
+from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
+from tvm.s_tir.schedule import ScheduleError
+
+from tvm_ext.gemv_pattern import GemvPattern, match, match_func
+
+ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
+# change the loop count of the lane-sum block between draws, which a trace replay cannot follow
+LANES = (8, 16)  # vector lanes of the K partial sums
+DEFAULT_ROWS = 4
+DEFAULT_LANES = 8
+SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
+
+
+def row_candidates(pattern: GemvPattern) -> list:
+    return [r for r in ROWS if pattern.n % r == 0]
+
+
+def lane_candidates(pattern: GemvPattern) -> list:
+    return [v for v in LANES if pattern.group % v == 0 and v % pattern.pack == 0]
+
+
+def _sample(sch, candidates, default, sample: bool):
+    """A decision over ``candidates``: sampled (uniform) when ``sample``, else ``default``'s
+    (the nearest candidate not above it)."""
+    fixed = max([c for c in candidates if c <= default] or candidates[:1])
+    if not sample:
+        return fixed
+    return sch.sample_categorical(candidates, [1.0 / len(candidates)] * len(candidates),
+                                  decision=candidates.index(fixed))
+
+
+def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annotate: bool = False):
+    """Schedule the matched function in place (see module doc); returns the lane-sum block.
+
+    ``block``: the GEMV block of ``sch``. ``sample``: rows/lanes as sampled decisions (a
+    MetaSchedule design space) instead of the defaults. ``annotate``: mark the blocks done."""
+    rows_c, lanes_c = row_candidates(pattern), lane_candidates(pattern)
+    if not rows_c or not lanes_c:
+        raise ScheduleError("no tile fits")  # pragma: no cover -- match() guarantees both
+    rows = _sample(sch, rows_c, DEFAULT_ROWS, sample)
+    lanes = _sample(sch, lanes_c, DEFAULT_LANES, sample)
+    if pattern.dequantize is not None:
+        sch.compute_inline(sch.get_sblock(pattern.dequantize))
+    last = None
+    for name in pattern.epilogues[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    if pattern.epilogues:
+        last = sch.get_sblock(pattern.epilogues[-1])
+    *_, n_loop, k_loop = sch.get_loops(block)
+    n_o, n_i = sch.split(n_loop, [None, rows])
+    g, kw = sch.split(k_loop, [None, pattern.group])
+    _, k_i = sch.split(kw, [None, lanes])
+    rf = sch.rfactor(k_i, factor_axis=len(sch.get(block).writes[0].region))
+    *_, n_o, n_i, g, w, k_i = sch.get_loops(rf)
+    sch.reorder(n_o, g, n_i, w, k_i)
+    sch.set_scope(rf, 0, "local")
+    sch.reverse_compute_at(block, n_o)
+    red_k, red_n = sch.get_loops(block)[-2:]
+    sch.reorder(red_n, red_k)
+    if last is not None:
+        sch.reverse_compute_at(last, n_o)
+    sch.vectorize(k_i)
+    sch.unroll(w)
+    sch.unroll(n_i)
+    sch.parallel(n_o)
+    if annotate:
+        for blk in (rf, block) + ((last,) if last is not None else ()):
+            sch.annotate(blk, *SKIP)
+    return rf
+
+
+def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:  # pylint: disable=unused-argument
+    """Every PrimFunc of ``mod`` that ``matches`` scheduled with the default decisions; the
+    others unchanged (``target``: reserved for per-target defaults; llvm AVX2 lanes today)."""
+    out = {}
+    for gv, func in mod.functions.items():
+        pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if pattern is None:
+            out[gv] = func
+            continue
+        sch = Schedule(tvm.IRModule({gv: func}))
+        sch.work_on(gv.name_hint)
+        rf = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern)
+        sch.decompose_reduction(rf, sch.get_loops(rf)[-4])  # init before the group loop
+        out[gv] = sch.mod[gv]
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
+def matches(func) -> bool:
+    """Whether ``func`` is a dequantize-GEMV this rule schedules."""
+    return isinstance(func, tvm.tirx.PrimFunc) and match_func(func) is not None
+
+
+@derived_object
+class DequantGEMV(PyScheduleRule):
+    """Schedule rule: the dequantize-GEMV design space (see module doc); other blocks pass."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch, block):
+        pattern = match(sch, block)
+        if pattern is None:
+            return [sch]
+        out = sch.copy()
+        try:
+            schedule_gemv(out, block, pattern, sample=True, annotate=True)
+        except ScheduleError:
+            return [sch]
+        return [out]
+
+    def clone(self):
+        return DequantGEMV()

@@ -1,0 +1,248 @@
+"""DequantGEMV (rules/dequant_gemv.py) on Phi-2's q4 decode kernels, reduced config.
+
+Every fused decode GEMV kernel (qkv, dense + residuals, fc1 + gelu, fc2, lm_head), scheduled
+untuned and with sampled decisions, matches NumPy (``phi2.dequantize_np``); the whole fused
+module with ``untuned`` matches the workload's reference; functions that are not a 1-row
+dequantize-GEMV (the unfused plain matmuls, attention, LayerNorm, a prefill matmul, an int8
+conv, a plain fp32 GEMV) come back structurally unchanged from both the rule and ``untuned``.
+"""
+import math
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+import tvm_ffi  # noqa: E402
+from tvm.s_tir import Schedule, Trace  # noqa: E402
+from tvm.script import tirx as T  # noqa: E402
+
+from tvm_ext.arrays import random_arrays  # noqa: E402
+from tvm_ext.gemv_pattern import match_func  # noqa: E402
+from tvm_ext.rules.dequant_gemv import DequantGEMV, matches, untuned  # noqa: E402
+from tvm_ext.targets import resolve_target  # noqa: E402
+from tvm_ext.tir_utils import blocks_of  # noqa: E402
+from tvm_ext.workloads import phi2  # noqa: E402
+
+TARGET = resolve_target("llvm")
+# fused kernel -> projection, recognised by the unfused kernels it was made of
+PROJECTIONS = ("qkv", "dense", "fc1", "fc2", "lm_head")
+
+
+def _projection(kernel) -> str:
+    if kernel.part == "head":
+        return "lm_head"
+    if "gelu_tanh" in kernel.parts:
+        return "fc1"
+    n_out = int(kernel.func.params[-1].shape[-1])
+    k_in = int(kernel.func.params[0].shape[1]) * 8
+    if n_out == 3 * k_in:
+        return "qkv"
+    return "fc2" if k_in > n_out else "dense"
+
+
+@pytest.fixture(scope="module")
+def fused():
+    wl = phi2.build_decode(context=8, config="reduced", fusion=True)
+    return wl, phi2.kernels(wl)
+
+
+@pytest.fixture(scope="module")
+def gemvs(fused):
+    found = {}
+    for k in fused[1].kernels:
+        if matches(k.func):
+            found[_projection(k)] = k
+    assert sorted(found) == sorted(PROJECTIONS)
+    return found
+
+
+def _main(func):
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def _reference(kernel, arrays):
+    """NumPy float64: epilogue(x @ dequantize(P, S) + bias) (+ residual inputs)."""
+    packed, scale, act, bias, *extra, _ = arrays
+    y = act.reshape(-1).astype("float64") @ phi2.dequantize_np(packed, scale) + bias
+    if "gelu_tanh" in kernel.parts:  # gelu_new, as Phi-2
+        y = 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
+    for e in extra:
+        y = y + e.reshape(-1)
+    return y
+
+
+def _check(kernel, mod, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = random_arrays(kernel.func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
+    args = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+    tvm.compile(mod, target=TARGET)["main"](*args)
+    ref = _reference(kernel, arrays)
+    np.testing.assert_allclose(args[-1].numpy().reshape(-1), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("projection", PROJECTIONS)
+def test_untuned_matches_numpy(gemvs, projection):
+    kernel = gemvs[projection]
+    mod = untuned(_main(kernel.func), TARGET)
+    script = mod["main"].script()
+    assert "T.parallel" in script and "T.vectorized" in script and 'T.sblock("dequantize")' not in script
+    _check(kernel, mod)
+
+
+def _sampled(func, seed):
+    """The rule's sketch replayed with its decisions drawn again (as MetaSchedule samples)."""
+    sch = Schedule(_main(func))
+    (sketch,) = DequantGEMV().apply(sch, sch.get_sblock(match_func(func).gemv))
+    out = Schedule(_main(func), seed=seed)
+    Trace(sketch.trace.insts, {}).apply_to_schedule(out, remove_postproc=True)
+    return out
+
+
+@pytest.mark.parametrize("projection", PROJECTIONS)
+def test_sampled_decisions_match_numpy(gemvs, projection):
+    kernel = gemvs[projection]
+    decisions = set()
+    for seed in (271828183, 314159265):  # MetaSchedule draws large seeds (small ones correlate)
+        sch = _sampled(kernel.func, seed)
+        assert not tvm_ffi.structural_equal(sch.mod, _main(kernel.func))
+        decisions.add(tuple(int(v) for v in sch.trace.decisions.values()))
+        _check(kernel, sch.mod, seed)
+    assert len(decisions) > 1  # the space has more than the default point
+
+
+def test_rule_also_matches_after_autoinline(gemvs):
+    """MetaSchedule's AutoInline may inline the dequantize before the rule sees the GEMV."""
+    kernel = gemvs["fc1"]
+    sch = Schedule(_main(kernel.func), seed=5)
+    sch.compute_inline(sch.get_sblock(match_func(kernel.func).dequantize))
+    (out,) = DequantGEMV().apply(sch, sch.get_sblock("matmul"))
+    assert "T.parallel" in out.mod["main"].script()
+    _check(kernel, out.mod)
+
+
+def test_untuned_whole_fused_module_matches_reference(fused):
+    """``untuned`` on the lowered Relax module: GEMVs scheduled, everything else untouched,
+    and the decode step (layer + head) still matches the workload's NumPy reference."""
+    wl, _ = fused
+    mod = untuned(wl.mod, TARGET)
+    changed = [gv.name_hint for gv, f in wl.mod.functions.items()
+               if not tvm_ffi.structural_equal(f, mod[gv])]
+    assert len(changed) == len(PROJECTIONS) and all(matches(wl.mod[n]) for n in changed)
+    vm = tvm.relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in wl.inputs]).numpy()
+    ok, message = wl.check(out)
+    assert ok, message
+
+
+def _assert_left_alone(func):
+    mod = _main(func)
+    assert not matches(func)
+    tvm.ir.assert_structural_equal(untuned(mod, TARGET), mod)
+    sch = Schedule(mod)
+    for block in blocks_of(func):
+        (out,) = DequantGEMV().apply(sch, sch.get_sblock(block.name_hint))
+        tvm.ir.assert_structural_equal(out.mod, mod)
+
+
+def test_other_decode_kernels_left_alone(fused):
+    wl = phi2.build_decode(context=8, config="reduced", fusion=False)
+    others = [k for k in phi2.kernels(wl).kernels] + [k for k in fused[1].kernels if not matches(k.func)]
+    assert any(k.name.startswith("matmul") for k in others)  # plain fp32 matmuls (unfused)
+    for kernel in others:
+        _assert_left_alone(kernel.func)
+
+
+def test_prefill_matmul_left_alone():
+    """Many rows (prefill, 16 tokens): not a GEMV; the 1-row lm_head of prefill is one."""
+    ks = phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True))
+    gemm = [k for k in ks.kernels if "dequantize" in k.name and k.part == "layer"]
+    assert gemm
+    for kernel in gemm:
+        _assert_left_alone(kernel.func)
+    assert [matches(k.func) for k in ks.kernels if k.part == "head" and "dequantize" in k.name] == [True]
+
+
+def test_int8_conv_left_alone():
+    from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
+
+    _assert_left_alone(seed_conv_primfunc(image=8, channels=16))
+
+
+@T.prim_func(s_tir=True)
+def _gemv_fp32(x: T.Buffer((1, 64), "float32"), w: T.Buffer((64, 16), "float32"),
+               y: T.Buffer((1, 16), "float32")):
+    for i, j, k in T.grid(1, 16, 64):
+        with T.sblock("gemv"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def _gemv_q4_small(p: T.Buffer((8, 8), "uint32"), s: T.Buffer((8, 2), "float16"),
+                   x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 8), "float32")):
+    w = T.sblock_alloc_buffer((64, 8))
+    for i, j in T.grid(64, 8):
+        with T.sblock("dq"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            w[vi, vj] = (T.Cast("float32", p[vj, vi // 8] >> T.Cast("uint32", vi % 8) * T.uint32(4)
+                                & T.uint32(15)) - T.float32(7)) * T.Cast("float32", s[vj, vi // 32])
+    for i, j, k in T.grid(1, 8, 64):
+        with T.sblock("gemv"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
+
+
+def test_plain_fp32_gemv_left_alone():
+    _assert_left_alone(_gemv_fp32)
+
+
+def test_written_q4_gemv_matches_by_structure():
+    """A hand-written q4 GEMV (other block and buffer names, no epilogue) is recognised."""
+    found = match_func(_gemv_q4_small)
+    assert found is not None and (found.gemv, found.dequantize, found.epilogues) == ("gemv", "dq", [])
+    assert (found.n, found.k, found.pack, found.group) == (8, 64, 8, 32)
+
+
+def test_registered_and_in_llvm_space():
+    import tvm_ext
+    from tvm.s_tir import meta_schedule as ms
+
+    assert isinstance(tvm.get_global_func("tvm_ext.schedule_rule.DequantGEMV")(), ms.ScheduleRule)
+    names = [type(r).__name__ for r in tvm_ext.default_rules(TARGET, "plugin")]
+    assert names.index("DequantGEMV") == names.index("MultiLevelTiling") - 1 or \
+        names.index("DequantGEMV") < names.index("MultiLevelTiling")
+    assert "DequantGEMV" not in [type(r).__name__ for r in tvm_ext.default_rules(TARGET, "upstream")]
+    assert "DequantGEMV" not in [type(r).__name__ for r in tvm_ext.default_rules(tvm.target.Target("cuda"))]
+
+
+@pytest.mark.slow  # MetaSchedule's first TuneContext imports TVM's tensor intrinsics (~10 s here)
+@pytest.mark.parametrize("projection", PROJECTIONS)
+def test_space_candidates_match_numpy(gemvs, projection):
+    """Candidates of ``tvm_ext.space(llvm)`` (every postprocessor applied) run correctly and
+    come from our rule's sketch."""
+    import tvm_ext
+    from tvm_ext.tune.sampling import sample_candidates, tune_context
+
+    kernel = gemvs[projection]
+    mod = _main(kernel.func)
+    ctx = tune_context(mod, TARGET, tvm_ext.space(TARGET))
+    cands = sample_candidates(mod, TARGET, ctx.space_generator, 2, seed=0, context=ctx,
+                              postprocs=list(ctx.space_generator.postprocs))
+    assert len(cands) == 2
+    for cand in cands:
+        assert "_rf_local" in cand.mod["main"].script()
+        _check(kernel, cand.mod)
+
+
+@pytest.mark.slow  # builds ResNet-50 and extracts its 31 tasks
+def test_resnet50_int8_tasks_not_matched():
+    from tvm_ext.tune import tuning
+    from tvm_ext.workloads import resnet50_int8
+
+    tasks = tuning.extract_tasks(resnet50_int8.build().mod, TARGET)
+    assert tasks and not any(matches(t.mod["main"]) for t in tasks)
