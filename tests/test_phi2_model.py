@@ -1,0 +1,141 @@
+"""Whole-model Phi-2 decode (tvm_ext.workloads.phi2_model) on the reduced config (hidden 256,
+4 heads x 64, MLP 1024, vocab 1024, 2 layers): greedy generation on the Relax VM, with the
+KV cache written in place, matches the NumPy float64 reference of the whole model step by
+step (float32 compute: rtol = atol = 2e-3 on the logits, same generated ids); the e2e bench
+dict and the ``generate`` command.  Unscheduled kernels in the default run (LLVM compiles
+them in a second); dlight and the dequantize-GEMV rule under -m slow.  No timing asserted."""
+import json
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm_ext.bench import phi2_e2e  # noqa: E402
+from tvm_ext.cli.main import main  # noqa: E402
+from tvm_ext.workloads import phi2_model as pm  # noqa: E402
+
+TOL = 2e-3
+PAST, PROMPT, TOKENS = 3, [5, 811, 300], 3
+
+
+@pytest.fixture(scope="module")
+def model():
+    return pm.build_model("reduced", layers=2, capacity=PAST + len(PROMPT) + TOKENS - 1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def decoder(model):
+    return pm.Decoder(model, tvm.compile(model.mod, target="llvm"))
+
+
+def _check(dec, model, past, start):
+    ids, logits = dec.generate(PROMPT, TOKENS, start=start)
+    ref_ids, ref_logits = pm.reference_generate(model, PROMPT, TOKENS, past=past, follow=ids)
+    assert ids == ref_ids
+    for got, want in zip(logits, ref_logits):
+        np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
+    # each step attends to a different cache: the logits move from step to step
+    assert not np.allclose(logits[0], logits[1], atol=1e-2)
+    return ids
+
+
+def test_generate_matches_reference_with_random_past(decoder, model):
+    past = decoder.fill_past(PAST, seed=2, keep=True)
+    assert len(past) == model.layers and past[0][0].shape == (1, PAST, 4, 64)
+    _check(decoder, model, past, PAST)
+    # the cache was written in place: layer 1's key at the prompt's first position is the
+    # reference's rotated key of that token
+    k_cache = decoder.caches[1][0].numpy()
+    np.testing.assert_array_equal(k_cache[:, :PAST], past[1][0])
+    assert np.abs(k_cache[:, PAST:PAST + len(PROMPT) + TOKENS - 1]).min(axis=(2, 3)).max() > 0
+
+
+def test_generate_from_empty_cache_matches_reference(decoder, model):
+    decoder.fill_past(0)
+    _check(decoder, model, None, 0)
+
+
+def test_cache_overflow_and_empty_requests(decoder, model):
+    with pytest.raises(ValueError, match="context overflow"):
+        decoder.generate(PROMPT, TOKENS, start=PAST + 1)
+    with pytest.raises(ValueError, match="at least 1 token"):
+        decoder.generate(PROMPT, 0)
+    with pytest.raises(ValueError, match="context overflow"):
+        decoder.fill_past(model.capacity + 1)
+    with pytest.raises(ValueError, match="layers"):
+        pm.build_model("reduced", layers=0)
+    with pytest.raises(ValueError, match="config"):
+        pm.build_model("tiny")
+    with pytest.raises(ValueError, match="context overflow"):
+        pm.build_model("reduced", capacity=pm.MAX_POSITIONS + 1)
+
+
+def test_one_compiled_layer_with_weights_as_parameters(model):
+    layer = model.mod["layer"]
+    # x, two caches, position, then 18 weights: nothing bound as a constant
+    assert len(layer.params) == 4 + 2 + 4 * 3
+    args = [a for blk in layer.body.blocks for b in blk.bindings if isinstance(b.value, tvm.relax.Call)
+            for a in (b.value.args[1].fields if len(b.value.args) > 1 else [])]
+    assert args and not any(isinstance(a, type(tvm.relax.const(1.0))) for a in args)
+    labels = phi2_e2e.kernel_labels(model.mod)
+    assert {"qkv", "dense", "fc2", "embed"} <= set(labels.values())
+    assert any("fc1" in v for v in labels.values()) and any("lm_head" in v for v in labels.values())
+
+
+def test_decode_e2e_dict():
+    doc = phi2_e2e.decode_e2e("reduced", layers=1, tokens=2, context=4, schedule="none", log=lambda m: None,
+                              bandwidth_mb=64)
+    assert doc["layers"] == 1 and doc["tokens"] == 2 and len(doc["generated"]) == 2
+    assert doc["tok_s"] > 0 and doc["bound_tok_s"] > 0 and doc["bandwidth_gbs"] > 0
+    cfg = pm.CONFIGS["reduced"]
+    one_layer = (cfg["hidden"] * (3 + 1) * cfg["hidden"] + 2 * cfg["hidden"] * cfg["mlp"]) // 2  # q4 bytes
+    assert one_layer < doc["weight_bytes"] < 2 * (one_layer + cfg["hidden"] * cfg["vocab"] // 2)
+    assert doc["kv_bytes"] == pm.build_model("reduced", layers=1, capacity=6).kv_bytes(5.5)
+    assert abs(sum(k["share"] for k in doc["kernels"]) - 1.0) < 1e-9
+    assert {"qkv", "fc2", "embed"} <= {k["label"] for k in doc["kernels"]}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--layers", "0"], "--layers: must be at least 1"),
+    (["--tokens", "0"], "--tokens: must be at least 1"),
+    (["--context", "2040", "--tokens", "16"], "context overflow"),
+    (["--context", "-1"], "--context must be at least 0"),
+])
+def test_cli_bad_input(argv, message, capsys, tmp_path):
+    out = tmp_path / "e2e.json"
+    try:
+        code = main(["generate", "--config", "reduced", "--out", str(out)] + argv)
+    except SystemExit as exit_:  # argparse's own checks
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.slow  # dlight's GEMV schedules take ~30 s of LLVM on 2 cores at the reduced size
+@pytest.mark.parametrize("how", ["dlight", "rule"])
+def test_scheduled_generate_matches_reference(model, how):
+    if how == "rule":
+        pytest.importorskip("tvm_ext.rules.dequant_gemv")
+    dec = phi2_e2e.decoder(model, "llvm", how)
+    used = set(dec.rules.values())
+    assert ("dequant_gemv" in used) == (how == "rule")
+    assert "GEMV" in used or how == "rule"
+    past = dec.fill_past(PAST, seed=2, keep=True)
+    _check(dec, model, past, PAST)
+
+
+@pytest.mark.slow  # ~10 s: bandwidth measurement and two builds
+def test_cli_generate_json(tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert main(["generate", "--config", "reduced", "--layers", "1", "--tokens", "2", "--context", "3",
+                 "--schedule", "none", "--json", "--out", str(out), "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == json.loads(out.read_text())
+    assert {"layers", "tokens", "tok_s", "bound_tok_s", "kernels", "schedule", "device"} <= set(doc)
+    assert main(["generate", "--config", "reduced", "--layers", "1", "--tokens", "2", "--context", "3",
+                 "--schedule", "none", "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "tokens/s" in table and "% of bound" in table and "qkv" in table

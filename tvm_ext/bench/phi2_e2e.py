@@ -1,0 +1,195 @@
+"""Whole-model Phi-2 decode: tokens/s of N layers + head on the Relax VM, against the
+memory-bandwidth bound measured in the same run.
+
+``decode_e2e`` builds the model of ``tvm_ext.workloads.phi2_model`` (random q4f32_1
+weights), fills every layer's KV cache with ``context`` random past positions, and times
+a greedy decode of ``tokens`` tokens (one step per token: embed, every layer, head,
+argmax on the host).  Then one more step, at the last position, runs with every VM call
+timed: each kernel's share of that step.
+
+bound_tok_s = DRAM bandwidth / bytes a token must stream: all layers' and the head's
+weights (packed q4, fp16 scales, biases, LayerNorm) plus the keys and values of the cached
+positions each step attends to (averaged over the steps), the embedding row aside.  The
+bandwidth is ``phi2_kernels.measure_bandwidth``'s copy bandwidth (read + written bytes per
+second; the faster of TVM's parallel copy and NumPy's), measured before the decode.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from tvm_ext.bench.phi2_kernels import best_schedule, dlight_schedule, measure_bandwidth, normalize
+
+
+SCHEDULES = ("dlight", "rule", "tuned", "none")
+DEFAULT_DATABASE = "tuning_logs/phi2-decode-llvm-fused/metaschedule"
+
+
+def schedule(mod, target, how="dlight", database=None):
+    """``mod`` with every PrimFunc scheduled: ``"dlight"`` by dlight's CPU rules; ``"rule"``
+    by tvm_ext's dequantize-GEMV rule (rules/dequant_gemv) for the kernels it matches and
+    dlight for the rest; ``"tuned"`` by the best record of the tuning database ``database``
+    (a work dir, read only; default ``DEFAULT_DATABASE``) for the kernels it holds (same
+    structural hash) and dlight for the rest; ``"none"`` leaves the kernels as built (LLVM
+    compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule
+    name | "dequant_gemv" | "tuned" | "none"}); the in-place KV write is never scheduled."""
+    import tvm
+
+    if how not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
+    rule = dequant_gemv_rule() if how == "rule" else None
+    db = tuning_database(database) if how == "tuned" else None
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    used = {}
+    if how == "none":
+        return mod, used
+    for gv, func in list(mod.functions_items()):
+        if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint == "kv_write":
+            continue
+        m = normalize(func)
+        best = best_schedule(db, m) if db is not None else None
+        if best is not None:
+            sch_mod, used[gv.name_hint] = best, "tuned"
+        elif rule is not None and rule.matches(m["main"]):
+            sch_mod, used[gv.name_hint] = rule.untuned(m, target), "dequant_gemv"
+        else:
+            name, sch = dlight_schedule(m, target)
+            used[gv.name_hint] = name
+            sch_mod = None if sch is None else sch.mod
+        if sch_mod is not None:
+            mod[gv] = sch_mod["main"].with_attr("global_symbol", gv.name_hint)
+    return mod, used
+
+
+def tuning_database(path):
+    """The tuning database in work dir ``path`` (default ``DEFAULT_DATABASE``), read only."""
+    from tvm_ext.tune.database import open_database
+
+    path = path or DEFAULT_DATABASE
+    if not os.path.isdir(path):
+        raise ValueError(f"schedule 'tuned': no tuning database {path}")
+    return open_database(path, read_only=True)
+
+
+def dequant_gemv_rule():
+    """The dequantize-GEMV rule module (imported lazily); ValueError when it is missing."""
+    try:
+        from tvm_ext.rules import dequant_gemv
+    except ImportError:
+        raise ValueError("schedule 'rule' needs the dequantize-GEMV rule (rules/dequant_gemv.py), "
+                         "which this install does not have") from None
+    return dequant_gemv
+
+
+def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=None):
+    """``phi2_model.Decoder`` of ``model`` scheduled ``how`` and compiled for ``target``;
+    its ``rules`` attribute says which schedule each kernel got."""
+    import tvm
+
+    from tvm_ext.targets import resolve_target
+    from tvm_ext.workloads.phi2_model import Decoder
+
+    log = log or (lambda msg: None)
+    target = resolve_target(target)
+    t0 = time.time()
+    mod, used = schedule(model.mod, target, how, database)
+    ex = tvm.compile(mod, target=target)
+    log(f"built {model.config} decode step ({how}) in {time.time() - t0:.0f} s")
+    dec = Decoder(model, ex, dev=dev, log=log)
+    dec.rules = used
+    return dec
+
+
+def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dlight", threads=None,
+               log=print, target="llvm", seed=0, bandwidth_mb=512, database=None) -> dict:
+    """Run the decode (see the module docstring); returns {layers, tokens, context, tok_s,
+    bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, share}],
+    schedule, device, threads, ...}."""
+    from tvm_ext.workloads import phi2_model as pm
+
+    layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
+    tokens, context = int(tokens), int(context)
+    if tokens < 1:
+        raise ValueError(f"tokens must be at least 1, not {tokens}")
+    if context < 0:
+        raise ValueError(f"context must be at least 0, not {context}")
+    pm.check_config(config, layers, context + tokens)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
+    if schedule == "rule":
+        dequant_gemv_rule()  # one clear line before minutes of work when the rule is missing
+    if schedule == "tuned":
+        tuning_database(database)
+    _set_threads(threads)
+    import tvm
+
+    from tvm_ext.targets import describe_host
+
+    dev = tvm.cpu(0)
+    bw_tvm, bw_np = measure_bandwidth(dev, mb=bandwidth_mb)
+    bandwidth = max(bw_tvm, bw_np)
+    log(f"copy bandwidth: {bw_tvm:.1f} GB/s (TVM parallel copy), {bw_np:.1f} GB/s (numpy)")
+    model = pm.build_model(config, layers, capacity=context + tokens, seed=seed)
+    dec = decoder(model, target, schedule, dev=dev, log=log, database=database)
+    dec.fill_past(context, seed=seed)
+    first = int(np.random.default_rng(seed).integers(model.cfg["vocab"]))
+    t0 = time.perf_counter()
+
+    def progress(done):
+        spent = time.perf_counter() - t0
+        log(f"token {done}/{tokens}: {done / spent:.2f} tok/s, ETA {spent / done * (tokens - done):.0f} s")
+
+    ids, _ = dec.generate([first], tokens, start=context, on_token=progress)
+    seconds = time.perf_counter() - t0
+    times = dec.kernel_times(ids[-2] if tokens > 1 else first, context + tokens - 1)
+    total = sum(times.values()) or 1.0
+    labels = kernel_labels(model.mod)
+    kernels = sorted(({"name": n, "label": labels.get(n, n), "share": t / total} for n, t in times.items()),
+                     key=lambda k: -k["share"])
+    weight_bytes = model.weight_bytes()
+    kv_bytes = float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
+    host = describe_host()
+    return {
+        "config": config, "layers": layers, "tokens": tokens, "context": context, "schedule": schedule,
+        "tok_s": tokens / seconds, "bound_tok_s": bandwidth * 1e9 / (weight_bytes + kv_bytes),
+        "weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "bandwidth_gbs": bandwidth,
+        "bandwidth_tvm_gbs": bw_tvm, "bandwidth_numpy_gbs": bw_np, "kernels": kernels,
+        "rules": dec.rules, "generated": ids,
+        "threads": int(threads or os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1),
+        "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
+    }
+
+
+def kernel_labels(mod) -> dict:
+    """{kernel name: short label}: a kernel given a q4 weight is named after it (qkv, dense,
+    fc1, fc2, lm_head; "fc1/lm_head" where one kernel serves both), the embedding lookup
+    "embed"; others are not in the map."""
+    from tvm import relax
+
+    out = {}
+    for fname in ("embed", "layer", "head"):
+        for block in mod[fname].body.blocks:
+            for b in block.bindings:
+                val = b.value
+                if not (isinstance(val, relax.Call) and getattr(val.op, "name", "").startswith("relax.call_tir")):
+                    continue
+                weights = [a.name[:-2] for a in val.args[1].fields
+                           if isinstance(a, relax.Var) and a.name.endswith("_q")]
+                if weights:
+                    label = "embed" if fname == "embed" else weights[0]
+                    names = out.setdefault(val.args[0].name_hint, [])
+                    names += [label] if label not in names else []
+    return {name: "/".join(labels) for name, labels in out.items()}
+
+
+def _set_threads(threads):
+    if not threads:
+        return
+    os.environ["TVM_NUM_THREADS"] = str(int(threads))
+    import tvm
+
+    cfg_pool = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
+    if cfg_pool is not None:
+        cfg_pool(1, int(threads))

@@ -1,0 +1,298 @@
+"""Phi-2 decoder-layer pieces shared by the single-layer kernel workload (phi2.py) and the
+whole-model decode (phi2_model.py): configs, the q4 weight format, TE kernels, the Relax
+layer / head builders and the NumPy float64 reference.
+
+Weights are q4f16_1: 4-bit values packed 8 per uint32 along the input dim, one float16
+scale per group of ``GROUP`` input elements, value = (q - 7) * scale.  A weight entry in
+the dicts below is either a NumPy array (bound as a Relax constant) or a Relax Var (a
+function parameter): ``linear`` and ``emit_layer`` take both.
+
+A position (``past``) is a Python int (static, as phi2.py builds) or a (1,) int32 tensor
+holding it (phi2_model.py, one compiled layer for every position).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+CONFIGS = {
+    "full": dict(hidden=2560, heads=32, head_dim=80, mlp=10240, vocab=51200, rotary=32),
+    "reduced": dict(hidden=256, heads=4, head_dim=64, mlp=1024, vocab=1024, rotary=32),
+}
+GROUP = 32  # input elements per fp16 scale
+EPS = 1e-5
+ROPE_BASE = 10000.0
+
+
+# --------------------------------------------------------------------------- weights
+def _quantized_linear(rng, k, n):
+    """Random q4f16_1 weight for a linear layer with k inputs and n outputs."""
+    q = rng.integers(0, 16, size=(n, k), dtype=np.uint32)
+    packed = np.zeros((n, k // 8), dtype=np.uint32)
+    for j in range(8):
+        packed |= q[:, j::8] << np.uint32(4 * j)
+    # (q - 7) has variance ~21; scale so outputs stay O(1)
+    scale = (rng.uniform(0.5, 1.5, size=(n, k // GROUP)) / math.sqrt(21.0 * k)).astype("float16")
+    bias = (rng.standard_normal(n) * 0.02).astype("float32")
+    return packed, scale, bias
+
+
+def dequantize_np(packed, scale):
+    """NumPy dequantize: (n, k/8) uint32 + (n, k/32) fp16 -> (k, n) float64."""
+    n, kw = packed.shape
+    k = kw * 8
+    q = np.empty((n, k), dtype=np.int64)
+    for j in range(8):
+        q[:, j::8] = (packed >> np.uint32(4 * j)) & np.uint32(15)
+    w = (q - 7).astype("float64") * np.repeat(scale.astype("float64"), GROUP, axis=1)
+    return w.T
+
+
+def layer_weights(cfg, rng):
+    """Random weights of one decoder layer: LayerNorm, qkv, dense (o), fc1, fc2."""
+    d, m = cfg["hidden"], cfg["mlp"]
+    w = {}
+    w["ln_g"] = (1.0 + 0.1 * rng.standard_normal(d)).astype("float32")
+    w["ln_b"] = (0.02 * rng.standard_normal(d)).astype("float32")
+    w["qkv"] = _quantized_linear(rng, d, 3 * d)
+    w["dense"] = _quantized_linear(rng, d, d)
+    w["fc1"] = _quantized_linear(rng, d, m)
+    w["fc2"] = _quantized_linear(rng, m, d)
+    return w
+
+
+def head_weights(cfg, rng):
+    """Random weights of the head: final LayerNorm and lm_head."""
+    d = cfg["hidden"]
+    w = {}
+    w["lnf_g"] = (1.0 + 0.1 * rng.standard_normal(d)).astype("float32")
+    w["lnf_b"] = (0.02 * rng.standard_normal(d)).astype("float32")
+    w["lm_head"] = _quantized_linear(rng, d, cfg["vocab"])
+    return w
+
+
+def _offset(i, past):
+    """``i + past`` for a static position or a (1,) int32 position tensor."""
+    from tvm import te, tirx
+
+    if isinstance(past, te.Tensor):
+        return i + tirx.Cast("int64", past[0])
+    return i + past
+
+
+# --------------------------------------------------------------------------- TE pieces
+def _te_dequantize(packed, scale, dtype):
+    from tvm import te
+
+    n, kw = packed.shape
+    # (in, out)
+    return te.compute((kw * 8, n), lambda i, j: q4_value(packed, scale, j, i, dtype), name="dequantize")
+
+
+def q4_value(packed, scale, row, col, dtype):
+    """Element (row, col) of a q4 weight stored as (rows, cols/8) uint32 + (rows, cols/GROUP)
+    scales: (q - 7) * scale."""
+    from tvm import tirx
+
+    q = (packed[row, col // 8] >> (tirx.Cast("uint32", col % 8) * tirx.const(4, "uint32"))) & tirx.const(15, "uint32")
+    return (tirx.Cast(dtype, q) - tirx.const(7, dtype)) * tirx.Cast(dtype, scale[row, col // GROUP])
+
+
+def _te_rope(qkv, offset, heads, head_dim, rotary, past, dtype):
+    """Split one of q/k out of the fused qkv projection and apply partial rotary."""
+    from tvm import te, tirx
+
+    _, n, _ = qkv.shape
+    half = rotary // 2
+
+    def f(b, i, h, d):
+        x = qkv[b, i, offset + h * head_dim + d]
+        pos = tirx.Cast("float32", _offset(i, past))
+        j = tirx.truncmod(d, half)
+        inv = tirx.exp(tirx.Cast("float32", j) * tirx.const(-2.0 * math.log(ROPE_BASE) / rotary, "float32"))
+        ang = pos * inv
+        cos = tirx.Cast(dtype, tirx.cos(ang))
+        sin = tirx.Cast(dtype, tirx.sin(ang))
+        other = tirx.if_then_else(
+            d < half,
+            -qkv[b, i, offset + h * head_dim + tirx.min(d + half, head_dim - 1)],
+            qkv[b, i, offset + h * head_dim + tirx.max(d - half, 0)],
+        )
+        return tirx.if_then_else(d < rotary, x * cos + other * sin, x)
+
+    return te.compute((1, n, heads, head_dim), f, name="rope")
+
+
+def _te_split_heads(qkv, offset, heads, head_dim):
+    from tvm import te
+
+    _, n, _ = qkv.shape
+    return te.compute(
+        (1, n, heads, head_dim), lambda b, i, h, d: qkv[b, i, offset + h * head_dim + d], name="split_heads"
+    )
+
+
+def _te_attn_score(q, k, head_dim, dtype):
+    from tvm import te, tirx
+
+    _, n, heads, _ = q.shape
+    _, t, _, _ = k.shape
+    r = te.reduce_axis((0, head_dim), name="r")
+    scale = tirx.const(1.0 / math.sqrt(head_dim), dtype)
+    return te.compute(
+        (1, heads, n, t),
+        lambda b, h, i, j: te.sum(q[b, i, h, r] * k[b, j, h, r] * scale, axis=r),
+        name="attn_score",
+    )
+
+
+def _te_causal_mask(s, past, dtype):
+    from tvm import te, tirx
+
+    return te.compute(
+        s.shape,
+        lambda b, h, i, j: tirx.if_then_else(j > _offset(i, past), tirx.min_value(dtype), s[b, h, i, j]),
+        name="causal_mask",
+    )
+
+
+def _te_attn_value(p, v):
+    from tvm import te
+
+    _, heads, n, t = p.shape
+    _, _, _, head_dim = v.shape
+    r = te.reduce_axis((0, t), name="r")
+    return te.compute(
+        (1, n, heads * head_dim),
+        lambda b, i, c: te.sum(p[b, c // head_dim, i, r] * v[b, r, c // head_dim, c % head_dim], axis=r),
+        name="attn_value",
+    )
+
+
+# --------------------------------------------------------------------------- Relax graph
+def _arg(a, dtype=None):
+    """A weight as a Relax expression: NumPy arrays become constants, Relax Vars stay."""
+    from tvm import relax
+
+    if isinstance(a, np.ndarray):
+        return relax.const(a.astype(dtype) if dtype else a)
+    return a
+
+
+def linear(bb, x, wt, dtype):
+    """``matmul(x, dequantize(packed, scale)) + bias`` for a weight triple."""
+    from tvm import relax
+
+    packed, scale, bias = wt
+    w = bb.emit_te(_te_dequantize, _arg(packed), _arg(scale), dtype, primfunc_name_hint="dequantize")
+    y = bb.emit(relax.op.matmul(x, w, out_dtype=dtype))
+    return bb.emit(relax.op.add(y, _arg(bias, dtype)))
+
+
+def attention(bb, q, k, v, head_dim, dtype, mask_past=None):
+    """softmax(q k^T / sqrt(head_dim)) v, with the causal mask ``j > i + mask_past`` unless
+    ``mask_past`` is None; (1, n, heads * head_dim)."""
+    from tvm import relax
+
+    s = bb.emit_te(_te_attn_score, q, k, head_dim, dtype, primfunc_name_hint="attn_score")
+    if mask_past is not None:
+        s = bb.emit_te(_te_causal_mask, s, mask_past, dtype, primfunc_name_hint="causal_mask")
+    p = bb.emit(relax.op.nn.softmax(s, axis=-1))
+    return bb.emit_te(_te_attn_value, p, v, primfunc_name_hint="attn_value")
+
+
+def emit_rope_qkv(bb, cfg, qkv, past, dtype):
+    """(q, k, v) heads from the fused qkv projection, rotary applied to q and k at ``past``."""
+    d, hh, hd, rot = cfg["hidden"], cfg["heads"], cfg["head_dim"], cfg["rotary"]
+    q = bb.emit_te(_te_rope, qkv, 0, hh, hd, rot, past, dtype, primfunc_name_hint="rope")
+    k = bb.emit_te(_te_rope, qkv, d, hh, hd, rot, past, dtype, primfunc_name_hint="rope")
+    v = bb.emit_te(_te_split_heads, qkv, 2 * d, hh, hd, primfunc_name_hint="split_heads")
+    return q, k, v
+
+
+def emit_layer(bb, cfg, w, x, dtype, attend):
+    """One parallel attention + MLP decoder layer on ``x``; ``attend(qkv) -> (1, n, hidden)``
+    is the attention branch after the qkv projection (rotary, cache, softmax)."""
+    from tvm import relax
+
+    ln = bb.emit(relax.op.nn.layer_norm(x, _arg(w["ln_g"], dtype), _arg(w["ln_b"], dtype), axes=[-1], epsilon=EPS))
+    a = attend(linear(bb, ln, w["qkv"], dtype))
+    attn = linear(bb, a, w["dense"], dtype)
+    # MLP branch, from the same LayerNorm output
+    h1 = bb.emit(relax.op.nn.gelu_tanh(linear(bb, ln, w["fc1"], dtype)))
+    mlp = linear(bb, h1, w["fc2"], dtype)
+    return bb.emit(relax.op.add(bb.emit(relax.op.add(attn, mlp)), x))
+
+
+def emit_head(bb, cfg, w, h, n, dtype):
+    """Final LayerNorm of the last token and lm_head: (1, 1, vocab) logits."""
+    from tvm import relax
+
+    if n > 1:
+        h = bb.emit(relax.op.strided_slice(h, axes=[1], begin=[n - 1], end=[n]))
+    ln = bb.emit(relax.op.nn.layer_norm(h, _arg(w["lnf_g"], dtype), _arg(w["lnf_b"], dtype), axes=[-1], epsilon=EPS))
+    return linear(bb, ln, w["lm_head"], dtype)
+
+
+# --------------------------------------------------------------------------- reference
+def _layernorm_np(x, g, b):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + EPS) * g + b
+
+
+def _gelu_new_np(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _rope_np(x, past, rotary):
+    """x: (1, n, heads, head_dim) float64."""
+    n = x.shape[1]
+    half = rotary // 2
+    pos = np.arange(past, past + n, dtype="float64")[:, None]
+    inv = np.exp(np.arange(half, dtype="float64") * (-2.0 * math.log(ROPE_BASE) / rotary))
+    ang = np.concatenate([pos * inv, pos * inv], axis=1)  # (n, rotary)
+    cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+    r = x[..., :rotary]
+    rot_half = np.concatenate([-r[..., half:], r[..., :half]], axis=-1)
+    out = x.copy()
+    out[..., :rotary] = r * cos + rot_half * sin
+    return out
+
+
+def reference_layer(cfg, w, x, kc, vc, past, return_kv=False):
+    """NumPy float64 reference of the decoder layer output (and, with ``return_kv``, the
+    new tokens' rotated keys and values, (1, n, heads, head_dim) each)."""
+    d, hh, hd, rot = cfg["hidden"], cfg["heads"], cfg["head_dim"], cfg["rotary"]
+    x = x.astype("float64")
+    n = x.shape[1]
+    lin = lambda a, wt: a @ dequantize_np(wt[0], wt[1]) + wt[2].astype("float64")  # noqa: E731
+    ln = _layernorm_np(x, w["ln_g"], w["ln_b"])
+    qkv = lin(ln, w["qkv"])
+    q = _rope_np(qkv[..., :d].reshape(1, n, hh, hd), past, rot)
+    k = _rope_np(qkv[..., d : 2 * d].reshape(1, n, hh, hd), past, rot)
+    v = qkv[..., 2 * d :].reshape(1, n, hh, hd)
+    new_kv = (k, v)
+    if past > 0:
+        k = np.concatenate([kc.astype("float64"), k], axis=1)
+        v = np.concatenate([vc.astype("float64"), v], axis=1)
+    s = np.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(hd)
+    if n > 1:
+        i = np.arange(n)[:, None]
+        j = np.arange(past + n)[None, :]
+        s = np.where(j > i + past, -np.inf, s)
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    a = np.einsum("bhij,bjhd->bihd", p, v).reshape(1, n, d)
+    attn = lin(a, w["dense"])
+    mlp = lin(_gelu_new_np(lin(ln, w["fc1"])), w["fc2"])
+    out = attn + mlp + x
+    return (out, *new_kv) if return_kv else out
+
+
+def reference_head(cfg, w, h):
+    h = h[:, -1:, :].astype("float64")
+    ln = _layernorm_np(h, w["lnf_g"], w["lnf_b"])
+    return ln @ dequantize_np(*w["lm_head"][:2]) + w["lm_head"][2].astype("float64")

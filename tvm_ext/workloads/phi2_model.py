@@ -1,0 +1,318 @@
+"""Whole-model Phi-2 decode: N decoder layers + head, a KV cache and a greedy token loop
+on the Relax VM.
+
+Same q4f16_1 weight format and layer builder as ``phi2.py`` (``phi2_layers``), computed in
+float32 (q4f32_1).  The weights are **function parameters**, not constants, so the
+compiled module is small and the same kernels serve every layer:
+
+* ``embed(token (1,) int32, lm_packed, lm_scale) -> (1, 1, hidden)``: the embedding is
+  tied to lm_head's q4 weights (row ``token`` dequantized; Phi-2 itself has a separate
+  embedding table; either way a token reads one 1.4 KB row);
+* ``layer(x, k_cache, v_cache, pos (1,) int32, <14 layer weights>) -> (x, k_cache, v_cache)``
+  called once per layer with that layer's weights and cache;
+* ``head(h, lnf_g, lnf_b, lm_packed, lm_scale, lm_bias) -> (1, 1, vocab)`` logits.
+
+KV cache: per layer two fixed-capacity float32 arrays (1, capacity, heads, head_dim).
+``layer`` writes the new token's rotated key and value at ``pos`` **in place**
+(``call_tir_inplace``; the returned caches alias the ones passed in) and attends over the
+whole capacity with the causal mask ``j > pos``, so one compiled module serves every
+position.  The greedy loop (``Decoder.generate``) runs in Python: embed, the layers, head,
+argmax on the host.  Scheduling and compiling ``mod``: ``tvm_ext.bench.phi2_e2e.decoder``.
+
+Weights are random from ``(seed, layer)``, generated one layer at a time (the full model's
+weights are 1.5 GB; NumPy copies are dropped once uploaded).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .phi2 import lower
+from .phi2_layers import (CONFIGS, GROUP, attention, dequantize_np, emit_head, emit_layer, emit_rope_qkv,
+                          head_weights, layer_weights, q4_value, reference_head, reference_layer)
+
+DEFAULT_LAYERS = {"full": 32, "reduced": 2}
+LAYER_WEIGHTS = ("ln_g", "ln_b", "qkv", "dense", "fc1", "fc2")
+DTYPE = "float32"
+MAX_POSITIONS = 2048  # Phi-2's context window (max_position_embeddings)
+
+
+@dataclass
+class Phi2Model:
+    config: str
+    cfg: dict
+    layers: int
+    capacity: int  # KV cache positions
+    seed: int
+    mod: object  # lowered (fused) Relax module with embed / layer / head, unscheduled
+
+    def layer_weights(self, i):
+        """NumPy weights of layer ``i`` (regenerated on each call)."""
+        return layer_weights(self.cfg, np.random.default_rng([self.seed, i]))
+
+    def head_weights(self):
+        return head_weights(self.cfg, np.random.default_rng([self.seed, self.layers]))
+
+    def weight_bytes(self):
+        """Bytes of all layers' and the head's weights (what a token streams)."""
+        one = sum(a.nbytes for a in _flat(self.layer_weights(0)))
+        return self.layers * one + sum(a.nbytes for a in _flat(self.head_weights()))
+
+    def kv_bytes(self, positions):
+        """Bytes of keys + values of ``positions`` cached tokens over all layers."""
+        return 2 * self.layers * positions * self.cfg["heads"] * self.cfg["head_dim"] * np.dtype(DTYPE).itemsize
+
+
+def _flat(w, names=None):
+    out = []
+    for name in names or list(w):
+        out += list(w[name]) if isinstance(w[name], tuple) else [w[name]]
+    return out
+
+
+def check_config(config, layers, capacity):
+    if config not in CONFIGS:
+        raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {config!r}")
+    if int(layers) < 1:
+        raise ValueError(f"layers must be at least 1, not {layers}")
+    if int(capacity) < 1:
+        raise ValueError(f"the KV cache needs at least 1 position, not {capacity}")
+    if int(capacity) > MAX_POSITIONS:
+        raise ValueError(f"context overflow: {capacity} positions (past context + tokens), "
+                         f"Phi-2's window is {MAX_POSITIONS}")
+
+
+def build_model(config="full", layers=None, capacity=512, seed=0) -> Phi2Model:
+    """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe."""
+    layers = DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
+    check_config(config, layers, capacity)
+    cfg = CONFIGS[config]
+    mod, _ = lower(_build_module(cfg, int(capacity)), fusion=True)
+    return Phi2Model(config, cfg, layers, int(capacity), int(seed), mod)
+
+
+# --------------------------------------------------------------------------- Relax module
+def _te_embed(token, packed, scale, dtype):
+    from tvm import te
+
+    _, kw = packed.shape
+    return te.compute((1, 1, kw * 8), lambda b, i, c: q4_value(packed, scale, token[0], c, dtype), name="embed")
+
+
+def _kv_write(capacity, heads, head_dim, dtype):
+    """cache[0, pos[0]] = new[0, 0], in place (called through call_tir_inplace)."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def kv_write(cache: T.Buffer((1, capacity, heads, head_dim), dtype),
+                 new: T.Buffer((1, 1, heads, head_dim), dtype), pos: T.Buffer((1,), "int32")):
+        T.func_attr({"op_pattern": 8, "tirx.noalias": True})  # opaque: never fused
+        for h, d in T.grid(heads, head_dim):
+            cache[0, pos[0], h, d] = new[0, 0, h, d]
+
+    return kv_write
+
+
+def _weight_vars(cfg, names):
+    """Relax parameters for the weights ``names``: {name: Var or (packed, scale, bias) Vars}."""
+    from tvm import relax
+
+    d, m, v = cfg["hidden"], cfg["mlp"], cfg["vocab"]
+    shapes = {"qkv": (d, 3 * d), "dense": (d, d), "fc1": (d, m), "fc2": (m, d), "lm_head": (d, v)}
+    out = {}
+    for name in names:
+        if name in shapes:
+            k, n = shapes[name]
+            out[name] = (relax.Var(f"{name}_q", relax.TensorType((n, k // 8), "uint32")),
+                         relax.Var(f"{name}_s", relax.TensorType((n, k // GROUP), "float16")),
+                         relax.Var(f"{name}_b", relax.TensorType((n,), DTYPE)))
+        else:
+            out[name] = relax.Var(name, relax.TensorType((d,), DTYPE))
+    return out
+
+
+def _build_module(cfg, capacity):
+    from tvm import relax
+
+    d, hh, hd = cfg["hidden"], cfg["heads"], cfg["head_dim"]
+    bb = relax.BlockBuilder()
+    kv_write = bb.add_func(_kv_write(capacity, hh, hd, DTYPE), "kv_write")
+    cache_t = relax.TensorType((1, capacity, hh, hd), DTYPE)
+
+    token = relax.Var("token", relax.TensorType((1,), "int32"))
+    table = _weight_vars(cfg, ("lm_head",))["lm_head"][:2]  # tied embedding (own Vars: one function each)
+    with bb.function("embed", [token, *table]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit_te(_te_embed, token, *table, DTYPE, primfunc_name_hint="embed_lookup"))
+        bb.emit_func_output(out)
+
+    x = relax.Var("x", relax.TensorType((1, 1, d), DTYPE))
+    kc, vc = relax.Var("k_cache", cache_t), relax.Var("v_cache", cache_t)
+    pos = relax.Var("pos", relax.TensorType((1,), "int32"))
+    w = _weight_vars(cfg, LAYER_WEIGHTS)
+    with bb.function("layer", [x, kc, vc, pos, *_flat(w, LAYER_WEIGHTS)]):
+        with bb.dataflow():
+            caches = []
+
+            def attend(qkv):
+                q, k, v = emit_rope_qkv(bb, cfg, qkv, pos, DTYPE)
+                for cache, new in ((kc, k), (vc, v)):
+                    caches.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
+                return attention(bb, q, caches[0], caches[1], hd, DTYPE, mask_past=pos)
+
+            h = emit_layer(bb, cfg, w, x, DTYPE, attend)
+            out = bb.emit_output(relax.Tuple([h, *caches]))
+        bb.emit_func_output(out)
+
+    h = relax.Var("h", relax.TensorType((1, 1, d), DTYPE))
+    head_w = _weight_vars(cfg, ("lnf_g", "lnf_b", "lm_head"))
+    with bb.function("head", [h, *_flat(head_w, ("lnf_g", "lnf_b", "lm_head"))]):
+        with bb.dataflow():
+            out = bb.emit_output(emit_head(bb, cfg, head_w, h, 1, DTYPE))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+# --------------------------------------------------------------------------- decoder
+class Decoder:
+    """The compiled decode step with its weights and KV caches on ``dev`` (``tvm.cpu(0)``)."""
+
+    def __init__(self, model: Phi2Model, executable, dev=None, log=None):
+        """``executable``: ``tvm.compile`` of ``model.mod`` (scheduled or not)."""
+        import tvm
+        from tvm import relax
+
+        log = log or (lambda msg: None)
+        self.model = model
+        self.dev = dev or tvm.cpu(0)
+        self.ex = executable
+        self.vm = relax.VirtualMachine(self.ex, self.dev)
+        self.rules = {}  # kernel name -> schedule it got (set by whoever scheduled the module)
+        up = lambda a: tvm.runtime.tensor(a, self.dev)  # noqa: E731
+        t0 = time.time()
+        self.layer_w = []
+        for i in range(model.layers):
+            self.layer_w.append([up(a) for a in _flat(model.layer_weights(i), LAYER_WEIGHTS)])
+            done = i + 1
+            if done % 4 == 0 or done == model.layers:
+                left = (time.time() - t0) / done * (model.layers - done)
+                log(f"weights: {done}/{model.layers} layers, ETA {left:.0f} s")
+        self.head_w = [up(a) for a in _flat(model.head_weights(), ("lnf_g", "lnf_b", "lm_head"))]
+        cfg = model.cfg
+        shape = (1, model.capacity, cfg["heads"], cfg["head_dim"])
+        zeros = np.zeros(shape, DTYPE)
+        self.caches = [[up(zeros), up(zeros)] for _ in range(model.layers)]
+
+    def fill_past(self, positions, seed=0, keep=False):
+        """Random keys and values (standard normal) in the first ``positions`` slots of every
+        layer's cache: a synthetic past context.  With ``keep``, returns them per layer as
+        (k, v) arrays (1, positions, heads, head_dim) (``reference_generate``'s ``past``)."""
+        check_positions(self.model, positions)
+        rng = np.random.default_rng([seed, 1 << 20])
+        cfg = self.model.cfg
+        shape = (1, self.model.capacity, cfg["heads"], cfg["head_dim"])
+        kept = []
+        for pair in self.caches:
+            for c in pair:
+                a = np.zeros(shape, DTYPE)
+                a[:, :positions] = rng.standard_normal((1, positions) + shape[2:])
+                c.copyfrom(a)
+                if keep:
+                    kept.append(a[:, :positions].copy())
+        return [tuple(kept[i:i + 2]) for i in range(0, len(kept), 2)] if keep else None
+
+    def _i32(self, v):
+        import tvm
+
+        return tvm.runtime.tensor(np.array([v], "int32"), self.dev)
+
+    def step(self, token, pos, call=None):
+        """Logits (vocab,) of the token after ``token`` at position ``pos``."""
+        call = call or (lambda name, *args: self.vm[name](*args))
+        pos_t = self._i32(pos)
+        x = call("embed", self._i32(token), *self.head_w[2:4])
+        for i, w in enumerate(self.layer_w):
+            x, kc, vc = call("layer", x, self.caches[i][0], self.caches[i][1], pos_t, *w)
+            self.caches[i] = [kc, vc]
+        return call("head", x, *self.head_w).numpy().reshape(-1)
+
+    def kernel_times(self, token, pos):
+        """Seconds spent in each kernel (PrimFunc name, summed over its calls in all layers)
+        during one step, timed around every VM call (the step re-runs position ``pos``)."""
+        from tvm import relax
+
+        vm, times, start = relax.VirtualMachine(self.ex, self.dev), {}, {}
+
+        def instrument(func, name, before, ret, *args):
+            if before:
+                start[name] = time.perf_counter()
+            elif not name.startswith("vm.builtin"):
+                times[name] = times.get(name, 0.0) + time.perf_counter() - start[name]
+            return 0
+
+        vm.set_instrument(instrument)
+        self.step(token, pos, call=lambda name, *args: vm[name](*args))
+        return times
+
+    def generate(self, prompt, tokens, start=0, on_token=None):
+        """Greedy decode of ``tokens`` tokens after ``prompt`` (token ids; the cache holds
+        ``start`` past positions before it): (generated ids, [logits of each step])."""
+        if tokens < 1 or not len(prompt):
+            raise ValueError(f"need a prompt and at least 1 token to generate, not {len(prompt)} and {tokens}")
+        check_positions(self.model, start + len(prompt) + tokens - 1)
+        pos = start
+        for t in prompt[:-1]:
+            self.step(int(t), pos)
+            pos += 1
+        tok, out, logits = int(prompt[-1]), [], []
+        for _ in range(tokens):
+            lg = self.step(tok, pos)
+            tok = int(np.argmax(lg))
+            out.append(tok)
+            logits.append(lg)
+            pos += 1
+            if on_token is not None:
+                on_token(len(out))
+        return out, logits
+
+
+def check_positions(model, positions):
+    if positions > model.capacity:
+        raise ValueError(f"context overflow: {positions} positions needed, the KV cache holds {model.capacity}")
+
+
+# --------------------------------------------------------------------------- reference
+def reference_generate(model: Phi2Model, prompt, tokens, past=None, follow=None):
+    """NumPy float64 greedy decode of the same model: (ids, [logits of each step]).
+    ``past``: per layer (k, v) arrays (1, P, heads, head_dim) already in the cache;
+    ``follow``: feed these ids instead of the reference's own argmax (teacher forcing, so
+    logits can be compared step by step with another decoder's)."""
+    cfg = model.cfg
+    lws = [model.layer_weights(i) for i in range(model.layers)]
+    hw = model.head_weights()
+    table = dequantize_np(*hw["lm_head"][:2])  # (hidden, vocab): column t is token t's embedding
+    kv = [list(p) for p in past] if past is not None else [[None, None] for _ in range(model.layers)]
+    start = 0 if past is None else past[0][0].shape[1]
+    feed = list(prompt)
+    out, logits = [], []
+    pos = start
+    while len(out) < tokens:
+        tok = feed[pos - start]
+        x = table[:, tok].reshape(1, 1, -1)
+        for i, w in enumerate(lws):
+            kc, vc = kv[i]
+            x, k, v = reference_layer(cfg, w, x, kc, vc, pos, return_kv=True)
+            kv[i] = [k if kc is None else np.concatenate([kc, k], 1), v if vc is None else np.concatenate([vc, v], 1)]
+        pos += 1
+        if pos - start >= len(prompt):
+            lg = reference_head(cfg, hw, x).reshape(-1)
+            nxt = int(np.argmax(lg))
+            out.append(nxt)
+            logits.append(lg)
+            feed.append(follow[len(out) - 1] if follow is not None else nxt)
+    return out, logits
+
+
+__all__ = ["Phi2Model", "Decoder", "build_model", "reference_generate"]
