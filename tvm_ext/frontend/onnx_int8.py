@@ -109,10 +109,15 @@ def input_shape(model, shapes: dict | None) -> tuple[str, tuple]:
         raise ValueError(f"--shape names {', '.join(sorted(unknown))}, but the model's input is {inp.name!r}")
     if inp.type.tensor_type.elem_type != 1:
         raise ValueError(f"input {inp.name!r} is not float32 (the quantized models of ORT take float input)")
-    if inp.name in shapes:
-        return inp.name, tuple(int(d) for d in shapes[inp.name])
     dims = inp.type.tensor_type.shape.dim
     shape = tuple(d.dim_value if d.HasField("dim_value") else 0 for d in dims)
+    if inp.name in shapes:
+        given = tuple(int(d) for d in shapes[inp.name])
+        if len(given) != len(shape) or any(d and d != g for d, g in zip(shape, given)):
+            shown = "x".join(d.dim_param or str(d.dim_value) for d in dims)
+            raise ValueError(f"--shape {inp.name}={'x'.join(map(str, given))} does not fit the model's input "
+                             f"({shown})")
+        return inp.name, given
     if not dims or not all(shape):
         shown = "x".join(d.dim_param or (str(d.dim_value) if d.dim_value else "?") for d in dims)
         raise ValueError(f"input {inp.name!r} has a dynamic shape ({shown}): give it with "
