@@ -197,6 +197,48 @@ def _gemv_q4_small(p: T.Buffer((8, 8), "uint32"), s: T.Buffer((8, 2), "float16")
             y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
 
 
+@T.prim_func(s_tir=True)
+def _gemv_q4_small_untuned(p: T.Buffer((8, 8), "uint32"), s: T.Buffer((8, 2), "float16"),
+                           x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 8), "float32")):
+    # dequantize inlined; N = 2 parallel tiles x 4 unrolled rows; K = 2 groups x 4 words x 8 lanes
+    y_rf_local = T.sblock_alloc_buffer((1, 8, 8), scope="local")
+    for i in range(1):
+        for j_0 in T.parallel(2):
+            for j_1_init in T.unroll(4):
+                for k_1_1_init in T.vectorized(8):
+                    with T.sblock("gemv_rf_init"):
+                        vk_1_1, vi = T.axis.remap("SS", [k_1_1_init, i])
+                        vj = T.axis.spatial(8, j_0 * 4 + j_1_init)
+                        y_rf_local[vi, vj, vk_1_1] = T.float32(0.0)
+            for k_0 in range(2):
+                for j_1 in T.unroll(4):
+                    for k_1_0 in T.unroll(4):
+                        for k_1_1 in T.vectorized(8):
+                            with T.sblock("gemv_rf_update"):
+                                vk_1_1, vi = T.axis.remap("SS", [k_1_1, i])
+                                vj = T.axis.spatial(8, j_0 * 4 + j_1)
+                                vk_0, vk_1_0 = T.axis.remap("RR", [k_0, k_1_0])
+                                kk = T.meta_var(vk_0 * 32 + vk_1_0 * 8 + vk_1_1)
+                                y_rf_local[vi, vj, vk_1_1] = y_rf_local[vi, vj, vk_1_1] + x[vi, kk] * (
+                                    (T.Cast("float32", p[vj, kk // 8] >> T.Cast("uint32", kk % 8) * T.uint32(4)
+                                                & T.uint32(15)) - T.float32(7.0))
+                                    * T.Cast("float32", s[vj, kk // 32]))
+            for ax1, ax0 in T.grid(4, 8):  # the 8 lane sums of each row
+                with T.sblock("gemv"):
+                    vk_1_1 = T.axis.reduce(8, ax0)
+                    vi = T.axis.spatial(1, 0)
+                    vj = T.axis.spatial(8, j_0 * 4 + ax1)
+                    with T.init():
+                        y[vi, vj] = T.float32(0.0)
+                    y[vi, vj] = y[vi, vj] + y_rf_local[vi, vj, vk_1_1]
+
+
+def test_untuned_before_after():
+    after = untuned(tvm.IRModule({"main": _gemv_q4_small}), TARGET)["main"]
+    tvm.ir.assert_structural_equal(after.without_attr("global_symbol"),
+                                   _gemv_q4_small_untuned.without_attr("global_symbol"))
+
+
 def test_plain_fp32_gemv_left_alone():
     _assert_left_alone(_gemv_fp32)
 
@@ -214,8 +256,7 @@ def test_registered_and_in_llvm_space():
 
     assert isinstance(tvm.get_global_func("tvm_ext.schedule_rule.DequantGEMV")(), ms.ScheduleRule)
     names = [type(r).__name__ for r in tvm_ext.default_rules(TARGET, "plugin")]
-    assert names.index("DequantGEMV") == names.index("MultiLevelTiling") - 1 or \
-        names.index("DequantGEMV") < names.index("MultiLevelTiling")
+    assert names.index("AutoInline") < names.index("DequantGEMV") < names.index("MultiLevelTiling")
     assert "DequantGEMV" not in [type(r).__name__ for r in tvm_ext.default_rules(TARGET, "upstream")]
     assert "DequantGEMV" not in [type(r).__name__ for r in tvm_ext.default_rules(tvm.target.Target("cuda"))]
 
