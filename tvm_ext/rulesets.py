@@ -3,7 +3,8 @@
 ``plugin``           TVM's default rules/postprocs, with our ApplyBlockAttrRule in front
                      of TVM's ApplyCustomRule, our InlineConstantScalars in place of
                      TVM's, our VerifyGPUCode in place of TVM's (cuda), and on x86 with
-                     VNNI our VNNI tensorization rule + RewriteTensorize (llvm).
+                     VNNI our VNNI tensorization rule + RewriteTensorize (llvm), and on
+                     x86 with AMX int8 our AMX rule + AMXTileConfig in front of those.
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
 """
@@ -67,7 +68,7 @@ def _vnni(target, ruleset: str):
     nothing on x86 targets without AVX-512 VNNI / AVX-VNNI)."""
     if ruleset == "upstream" or target_kind(target) != "llvm":
         return None
-    return with_vnni
+    return with_cpu_tensorization
 
 
 def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> list:
@@ -148,4 +149,44 @@ def vnni_space(target):
     from tvm.s_tir.meta_schedule.space_generator import PostOrderApply  # pylint: disable=import-outside-toplevel
 
     rules, posts = with_vnni(ScheduleRule.create("llvm"), Postproc.create("llvm"), target)
+    return PostOrderApply(sch_rules=rules, postprocs=posts, mutator_probs="llvm")
+
+
+# ----------------------------------------------------------------------------- AMX presets
+def with_amx(rules: List[ScheduleRule], postprocs: List[Postproc], target):
+    """(rules, postprocs) with the AMX pieces inserted; copies, unchanged without AMX int8.
+
+    AMXTensorize goes right before VNNITensorize (else MultiLevelTiling, else
+    ParallelizeVectorizeUnroll, else the end): AMX over VNNI over plain code, per block.
+    AMXTileConfig goes right after RewriteReductionBlock (it tensorizes the tile and the
+    init split off by that one, before RewriteTensorize), else at the end.
+    """
+    from tvm_ext.targets import has_amx  # pylint: disable=import-outside-toplevel
+
+    rules, posts = list(rules), list(postprocs)
+    if not has_amx(target):
+        return rules, posts
+    from tvm_ext.postprocs.amx_tile_config import AMXTileConfig  # pylint: disable=import-outside-toplevel
+    from tvm_ext.rules.amx_tensorize import AMXTensorize  # pylint: disable=import-outside-toplevel
+
+    names = [type(r).__name__ for r in rules]
+    idx = next((names.index(n) for n in ("VNNITensorize", "MultiLevelTiling", "ParallelizeVectorizeUnroll")
+                if n in names), len(rules))
+    rules[idx:idx] = [AMXTensorize()]
+    pnames = [type(p).__name__ for p in posts]
+    pidx = next((i + 1 for i, n in enumerate(pnames) if n == "RewriteReductionBlock"), len(posts))
+    posts[pidx:pidx] = [AMXTileConfig()]
+    return rules, posts
+
+
+def with_cpu_tensorization(rules: List[ScheduleRule], postprocs: List[Postproc], target):
+    """``with_vnni`` then ``with_amx``: what our llvm rule sets add on x86."""
+    return with_amx(*with_vnni(rules, postprocs, target), target)
+
+
+def amx_space(target):
+    """TVM's default llvm rules and postprocs with the VNNI and AMX pieces (for tests/tools)."""
+    from tvm.s_tir.meta_schedule.space_generator import PostOrderApply  # pylint: disable=import-outside-toplevel
+
+    rules, posts = with_cpu_tensorization(ScheduleRule.create("llvm"), Postproc.create("llvm"), target)
     return PostOrderApply(sch_rules=rules, postprocs=posts, mutator_probs="llvm")

@@ -1,0 +1,209 @@
+"""AMX tensor intrinsics: int32 tiles += uint8 rows . packed int8 (``tdpbusd``).
+
+One AMX ``tdpbusd`` computes ``C[m, n] += sum_k A[m, k] * B[k // 4, n, k % 4]`` for an
+int32 tile ``C`` of up to 16 rows x 16 outputs, a uint8 tile ``A`` of as many rows of 64
+consecutive bytes (any row stride) and an int8 tile ``B`` of 16 rows of [16 outputs][4 k]:
+the packed weight layouts of ``workloads.qnn_vnni`` with 64 input channels per block
+(OIHW16i16o4i for a conv, the (N/16, K/4, 16, 4) dense weight) are B tiles as they lie.
+tmm0 = C, tmm1 = A, tmm2 = B; every tile row is 64 bytes.
+
+Variants, all built from ``T.call_llvm_intrin`` of ``llvm.x86.*`` (TVM 0.27 has no AMX
+intrinsic of its own), named by ``dot_intrin(rows, stride, k_form)``:
+
+* rows 1..16: C and A tiles may have fewer than 16 rows (the tile config says how many),
+  so an output width of 14 or 7 (ResNet-50's) or a dense of 8 rows is tiled exactly;
+* stride 1 or 2: A's rows are that many activation rows apart (strided convs);
+* k_form "k" (one reduction iterator of 64: a dense) or "k4" (16 x 4: ic4, ici of a conv).
+
+The dot loads C, A and B (``tileloadd``), runs ``tdpbusd`` and stores C (``tilestored``):
+C round-trips through memory per call (the accumulator cache the rule makes stays in
+L1); keeping C in a tile across the K loop is left for later. The init intrinsic of the
+same rows (``init_intrin``) loads the tile configuration (``ldtilecfg``, palette 1) and
+zeroes C; ``postprocs.AMXTileConfig`` makes sure every AMX block's init was tensorized
+with it, so the configuration is loaded before the first tile instruction of every
+output tile, in every thread, and the trace records it (databases replay it).
+
+The process needs the kernel's permission for tile data first: ``tvm_ext.amx.request_amx``.
+"""
+from __future__ import annotations
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+DOT_PREFIX = "tvm_ext.amx_tdpbusd"
+INIT_PREFIX = "tvm_ext.amx_tilecfg_zero"
+COLSB = 64  # every tile row is 64 bytes: 64 uint8 of A, 16 x 4 int8 of B, 16 int32 of C
+K_ROWS = 16  # rows of B: 64 k / 4
+TILE_C, TILE_A, TILE_B = 0, 1, 2
+STRIDES = (1, 2)  # activation row steps (conv strides) with their own intrinsic
+K_FORMS = ("k", "k4")  # one reduction iterator of 64, or 16 x 4 (ic4, ici of a packed conv)
+
+
+def dot_intrin(rows: int = 16, stride: int = 1, k_form: str = "k4") -> str:
+    """Name of the dot intrinsic for a C tile of ``rows`` (1..16) output rows whose A rows
+    are ``stride`` activation rows apart, reduction written as ``k_form``."""
+    return f"{DOT_PREFIX}_m{rows}_s{stride}_{k_form}"
+
+
+def init_intrin(rows: int = 16) -> str:
+    """Name of the config + zero intrinsic for a C tile of ``rows`` rows."""
+    return f"{INIT_PREFIX}_m{rows}"
+
+
+def init_for_dot(dot_name: str) -> str:
+    """The init intrinsic that goes with a dot intrinsic (same rows: same tile config)."""
+    return init_intrin(int(dot_name[len(DOT_PREFIX) + 2:].split("_")[0]))
+
+
+def tile_config_bytes(rows: int = 16) -> list[int]:
+    """The 64-byte ``ldtilecfg`` operand: palette 1; C and A tiles of ``rows`` x 64 bytes,
+    B tile of 16 x 64 bytes.
+
+    Layout (Intel SDM): byte 0 palette, byte 1 start_row, bytes 16..47 colsb of tiles
+    0..15 (uint16 little endian), bytes 48..63 rows of tiles 0..15.
+    """
+    cfg = [0] * 64
+    cfg[0] = 1
+    for tile, nrows in ((TILE_C, rows), (TILE_A, rows), (TILE_B, K_ROWS)):
+        cfg[16 + 2 * tile] = COLSB & 0xFF
+        cfg[17 + 2 * tile] = COLSB >> 8
+        cfg[48 + tile] = nrows
+    return cfg
+
+
+# The intrinsics are written once as templates over (rows, stride) and specialized per
+# variant: parsing TVMScript costs ~0.1 s per function, 80 variants would cost 8 s in
+# every process that opens a database (each variant is needed to replay its traces).
+@T.prim_func(s_tir=True)
+def _dot_desc_k(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32) -> None:
+    A = T.match_buffer(a, ((rows - 1) * stride + 1, 64), "uint8", offset_factor=1)
+    B = T.match_buffer(b, (16, 16, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + 1, 0:64], B[0:16, 0:16, 0:4])
+        T.writes(C[0:rows, 0:16])
+        for m, n, k in T.grid(rows, 16, 64):
+            with T.sblock("update"):
+                vm, vn, vk = T.axis.remap("SSR", [m, n, k])
+                C[vm, vn] = C[vm, vn] + T.cast(A[vm * stride, vk], "int32") * \
+                    T.cast(B[vk // 4, vn, vk % 4], "int32")
+
+
+@T.prim_func(s_tir=True)
+def _dot_desc_k4(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32) -> None:
+    A = T.match_buffer(a, ((rows - 1) * stride + 1, 64), "uint8", offset_factor=1)
+    B = T.match_buffer(b, (16, 16, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + 1, 0:64], B[0:16, 0:16, 0:4])
+        T.writes(C[0:rows, 0:16])
+        for m, n, k4, ki in T.grid(rows, 16, 16, 4):
+            with T.sblock("update"):
+                vm, vn, vk4, vki = T.axis.remap("SSRR", [m, n, k4, ki])
+                C[vm, vn] = C[vm, vn] + T.cast(A[vm * stride, vk4 * 4 + vki], "int32") * \
+                    T.cast(B[vk4, vn, vki], "int32")
+
+
+@T.prim_func(s_tir=True)
+def _dot_impl(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32) -> None:
+    sa = T.int32()
+    sb = T.int32()
+    sc = T.int32()
+    # B's two inner strides are fixed: 16 outputs x 4 bytes per row, rows sb bytes apart
+    A = T.match_buffer(a, ((rows - 1) * stride + 1, 64), "uint8", offset_factor=1, strides=[sa, 1])
+    B = T.match_buffer(b, (16, 16, 4), "int8", offset_factor=1, strides=[sb, 4, 1])
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + 1, 0:64], B[0:16, 0:16, 0:4])
+        T.writes(C[0:rows, 0:16])
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_C),
+                                      C.access_ptr("r"), T.int64(sc) * T.int64(4)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_A),
+                                      A.access_ptr("r"), T.int64(sa) * T.int64(stride)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_B),
+                                      B.access_ptr("r"), T.int64(sb)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(TILE_C), T.int8(TILE_A),
+                                      T.int8(TILE_B)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(TILE_C),
+                                      C.access_ptr("w"), T.int64(sc) * T.int64(4)))
+
+
+@T.prim_func(s_tir=True)
+def _init_desc(c: T.handle, rows: T.int32) -> None:
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads()
+        T.writes(C[0:rows, 0:16])
+        for m, n in T.grid(rows, 16):
+            with T.sblock("init"):
+                vm, vn = T.axis.remap("SS", [m, n])
+                C[vm, vn] = T.int32(0)
+
+
+# tile_config_bytes(rows) as 8 little-endian uint64 words: word 0 = palette 1, word 2 =
+# colsb 64 of tiles 0..2, word 6 = rows of tiles 0..2 (rows, rows, 16); the rest 0
+_CFG_W0 = 1
+_CFG_W2 = COLSB | (COLSB << 16) | (COLSB << 32)
+
+
+@T.prim_func(s_tir=True)
+def _init_impl(c: T.handle, rows: T.int32) -> None:
+    sc = T.int32()
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads()
+        T.writes(C[0:rows, 0:16])
+        cfg = T.decl_buffer((8,), "uint64", scope="local")
+        for w in T.unroll(8):
+            cfg[w] = T.Select(w == 0, T.uint64(_CFG_W0), T.Select(w == 2, T.uint64(_CFG_W2), T.Select(
+                w == 6, T.Cast("uint64", rows) | T.shift_left(T.Cast("uint64", rows), T.uint64(8))
+                | T.uint64(K_ROWS << 16), T.uint64(0))))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", cfg.access_ptr("r")))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(TILE_C)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(TILE_C),
+                                      C.access_ptr("w"), T.int64(sc) * T.int64(4)))
+
+
+def _specialize(func, *values):
+    """``func`` with its trailing scalar parameters (rows, stride) bound to ``values``."""
+    params = list(func.params)[-len(values):]
+    return func.specialize(dict(zip(params, values)))
+
+
+def _make_dot(rows: int, stride: int, k_form: str):
+    desc = _dot_desc_k if k_form == "k" else _dot_desc_k4
+    return _specialize(desc, rows, stride), _specialize(_dot_impl, rows, stride)
+
+
+def _make_init(rows: int):
+    return _specialize(_init_desc, rows), _specialize(_init_impl, rows)
+
+
+def _register(name: str, make) -> str:
+    try:
+        TensorIntrin.get(name)
+        return name
+    except Exception:  # pylint: disable=broad-except
+        pass
+    try:
+        TensorIntrin.register(name, *make())
+    except Exception:  # pylint: disable=broad-except
+        TensorIntrin.get(name)  # registered meanwhile under the same name
+    return name
+
+
+def register_dot(rows: int, stride: int = 1, k_form: str = "k4") -> str:
+    """Register (once) the dot intrinsic and its init; returns the dot's name."""
+    if not (1 <= rows <= 16 and stride in STRIDES and k_form in K_FORMS):
+        raise ValueError(f"no AMX intrinsic for rows={rows} stride={stride} k_form={k_form!r}")
+    _register(init_intrin(rows), lambda: _make_init(rows))
+    return _register(dot_intrin(rows, stride, k_form), lambda: _make_dot(rows, stride, k_form))
+
+
+def register_intrinsics() -> None:
+    """Register every AMX intrinsic (a database whose traces name them can only be loaded
+    once they exist in this process)."""
+    for rows in range(1, 17):
+        for stride in STRIDES:
+            for k_form in K_FORMS:
+                register_dot(rows, stride, k_form)
