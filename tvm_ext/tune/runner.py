@@ -32,7 +32,11 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None, time
     """
     config = evaluator_config(flush_cache)
     if not rpc_tracker:
-        return ms.runner.LocalRunner(timeout_sec=timeout, evaluator_config=config)
+        from tvm_ext.amx import make_runner_initializer  # pylint: disable=import-outside-toplevel
+
+        # workers ask for AMX tile permission where the host has AMX (else a no-op)
+        return ms.runner.LocalRunner(timeout_sec=timeout, evaluator_config=config,
+                                     initializer=make_runner_initializer())
     host, _, port = rpc_tracker.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"--rpc-tracker must be HOST:PORT, not {rpc_tracker!r}")

@@ -1,0 +1,246 @@
+"""AMX tensorization (issue 17): intrinsics, rule, tile-config postproc, permission.
+
+On every machine the kernels are cross-compiled for Sapphire Rapids through the rule and
+every sampled candidate's assembly must hold the tile instructions; on a host whose
+/proc/cpuinfo shows amx_tile they also run, bit for bit against NumPy. Shapes are chosen
+so that the tile rows do not divide 16 (14- and 7-column convs, an 8-row dense) and a
+dense with one K tile (its init is not split off by RewriteReductionBlock).
+"""
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.schedule import Trace
+
+import kernels  # noqa: F401  (imports TVM's tensor intrinsics the fast way)
+import qnn_cases as C
+from tvm_ext import amx
+from tvm_ext import rulesets as R
+from tvm_ext.intrinsics import amx as I
+from tvm_ext.rules.amx_tensorize import AMXTensorize
+from tvm_ext.targets import _cpuinfo
+
+SPR = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
+# what the llvm preset gives on a Sapphire Rapids guest that LLVM names rocketlake
+GUEST = {"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+amx-tile", "+amx-int8", "+amx-bf16"], "num-cores": 2}
+HOST_AMX = "amx_tile" in _cpuinfo().get("flags", set())
+NO_AMX = "no amx_tile in /proc/cpuinfo"
+
+CASES = {
+    # name: (case factory, intrinsic the rule must pick)
+    "conv14": (lambda: C.conv2d_case(h=14, w=14, c_in=64, c_out=32, cb=64), I.dot_intrin(14, 1, "k4")),
+    "conv7_s2": (lambda: C.conv2d_case(h=14, w=14, c_in=128, c_out=16, cb=64, stride=2, seed=2),
+                 I.dot_intrin(7, 2, "k4")),
+    "dense8": (lambda: C.dense_case(m=8, n=48, k=128), I.dot_intrin(8, 1, "k")),
+    "dense_k64": (lambda: C.dense_case(m=12, n=32, k=64, seed=3), I.dot_intrin(12, 1, "k")),
+}
+
+
+def _block(case):
+    sch = tvm.s_tir.Schedule(case.mod)
+    name = "dense_int8" if "dense" in case.name else "conv2d_nchwc_int8"
+    return sch, sch.get_sblock(name)
+
+
+def _candidates(case, target, per_sketch: int):
+    """``per_sketch`` postprocessed candidates of every sketch of the AMX space."""
+    target = tvm.target.Target(target)
+    ctx = ms.TuneContext(mod=case.mod, target=target, space_generator=R.amx_space(target),
+                         task_name=case.name, rand_state=1)
+    sketches = ctx.generate_design_space()
+    assert sketches
+    out = []
+    for sketch in sketches:
+        trace = Trace(sketch.trace.insts, {})
+        got = 0
+        for seed in range(1, 4 * per_sketch + 1):
+            sch = tvm.s_tir.Schedule(case.mod, seed=seed)
+            trace.apply_to_schedule(sch, remove_postproc=True)
+            if all(p.apply(sch) for p in ctx.space_generator.postprocs):
+                out.append(sch)
+                got += 1
+                if got == per_sketch:
+                    break
+        assert got == per_sketch, f"only {got} valid candidates of a sketch in {4 * per_sketch} samples"
+    return out
+
+
+# --------------------------------------------------------------------------- intrinsics
+def test_tile_config_layout_and_init_words():
+    """The config bytes follow the SDM layout; the init intrinsic stores exactly them."""
+    cfg = I.tile_config_bytes(14)
+    assert len(cfg) == 64 and cfg[0] == 1 and cfg[1] == 0
+    # colsb (uint16 LE) of tiles 0, 1, 2 = 64 bytes; rows: C and A 14, B 16; all else 0
+    assert cfg[16:22] == [64, 0, 64, 0, 64, 0] and cfg[48:51] == [14, 14, 16]
+    assert not any(cfg[2:16]) and not any(cfg[22:48]) and not any(cfg[51:])
+    words = [int.from_bytes(bytes(cfg[8 * w: 8 * w + 8]), "little") for w in range(8)]
+    impl = I._make_init(14)[1]
+    text = impl.script()
+    assert [w for w in range(8) if words[w]] == [0, 2, 6]
+    assert f"T.uint64({words[0]})" in text and f"T.uint64({words[2]})" in text
+    # the rows word is an expression of rows in the template: LLVM folds it to the constant
+    lib = tvm.compile(tvm.IRModule({"main": impl.with_attr("global_symbol", "main")}),
+                      target=tvm.target.Target(SPR))
+    asm = lib.mod.inspect_source("asm")
+    assert str(words[6]) in asm or hex(words[6]) in asm, "rows word not in the config stores"
+    assert "ldtilecfg" in asm and "tilezero" in asm and "tilestored" in asm
+
+
+def test_intrinsic_names_and_bad_variants():
+    name = I.register_dot(14, 2, "k4")
+    assert name == I.dot_intrin(14, 2, "k4") and tvm.s_tir.TensorIntrin.get(name) is not None
+    assert I.init_for_dot(name) == I.init_intrin(14)
+    assert tvm.s_tir.TensorIntrin.get(I.init_intrin(14)) is not None
+    for bad in ((0, 1, "k"), (17, 1, "k"), (16, 3, "k"), (16, 1, "kk")):
+        with pytest.raises(ValueError):
+            I.register_dot(*bad)
+
+
+# --------------------------------------------------------------------------- rule choice
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule_picks_the_tile_shape(name):
+    make, intrin = CASES[name]
+    sch, block = _block(make())
+    assert AMXTensorize().choose_intrin(sch, block) == intrin
+
+
+def test_rule_leaves_what_it_cannot_tile():
+    rule = AMXTensorize()
+    # VNNI's NCHW16c layout (16 input channels per block: 16 k per row, AMX wants 64)
+    for case in (C.conv2d_case(c_in=32, c_out=32), C.conv2d_case(h=9, w=9, c_in=3, c_out=16, stride=2),
+                 C.dense_case(m=1, n=32, k=128),    # one row: a GEMV, VNNI does better
+                 C.dense_case(m=8, n=32, k=96)):    # K not a multiple of 64
+        sch, block = _block(case)
+        assert rule.choose_intrin(sch, block) is None, case.name
+    # NHWC/HWIO conv: the weight is not in a packed layout at all
+    data = te.placeholder((1, 8, 16, 64), "uint8", name="data")
+    weight = te.placeholder((3, 3, 64, 32), "int8", name="weight")
+    rc, rh, rw = te.reduce_axis((0, 64)), te.reduce_axis((0, 3)), te.reduce_axis((0, 3))
+    conv = te.compute((1, 6, 14, 32), lambda n, h, w, o: te.sum(
+        data[n, h + rh, w + rw, rc].astype("int32") * weight[rh, rw, rc, o].astype("int32"),
+        axis=[rh, rw, rc]), name="conv")
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([data, weight, conv])}))
+    assert rule.choose_intrin(sch, sch.get_sblock("conv")) is None
+    target = tvm.target.Target(SPR)
+    ctx = ms.TuneContext(mod=sch.mod, target=target, space_generator=R.amx_space(target), task_name="nhwc")
+    sketches = ctx.generate_design_space()
+    assert sketches and all("amx_tdpbusd" not in s.mod.script() for s in sketches)
+
+
+def test_rule_sets_put_amx_first_on_amx_targets():
+    rules, posts = R.with_cpu_tensorization(ms.schedule_rule.ScheduleRule.create("llvm"),
+                                            ms.postproc.Postproc.create("llvm"), SPR)
+    names = [type(r).__name__ for r in rules]
+    assert names.index("AMXTensorize") + 1 == names.index("VNNITensorize") < names.index("MultiLevelTiling")
+    pnames = [type(p).__name__ for p in posts]
+    assert pnames.index("RewriteReductionBlock") + 1 == pnames.index("AMXTileConfig") < pnames.index("RewriteTensorize")
+    # the preset of an AMX guest named rocketlake gets the AMX pieces too; others do not
+    assert "AMXTensorize" in [type(r).__name__ for r in R.default_rules(tvm.target.Target(GUEST))]
+    assert "AMXTileConfig" in [type(p).__name__ for p in R.default_postprocs(tvm.target.Target(GUEST))]
+    for other in ({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2}, {"kind": "llvm", "num-cores": 2}):
+        t = tvm.target.Target(other)
+        assert "AMXTensorize" not in [type(r).__name__ for r in R.default_rules(t)]
+        assert "AMXTileConfig" not in [type(p).__name__ for p in R.default_postprocs(t)]
+    assert "AMXTensorize" not in [type(r).__name__ for r in R.default_rules(tvm.target.Target(SPR), "upstream")]
+
+
+# --------------------------------------------------------------------------- candidates
+def _check_asm(sch, target, intrin):
+    assert f'tensor_intrin="{intrin}"' in str(sch.trace)
+    assert f'tensor_intrin="{I.init_for_dot(intrin)}"' in str(sch.trace)
+    lib = tvm.compile(sch.mod, target=tvm.target.Target(target))
+    asm = lib.mod.inspect_source("asm")
+    for instr in ("tdpbusd", "tileloadd", "tilestored", "ldtilecfg"):
+        assert instr in asm, instr
+    return lib
+
+
+@pytest.mark.parametrize("name", ["conv14", "dense8", "dense_k64"])
+def test_every_sampled_candidate_has_tile_instructions(name):
+    make, intrin = CASES[name]
+    case = make()
+    for sch in _candidates(case, SPR, per_sketch=1):
+        _check_asm(sch, SPR, intrin)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", [SPR, GUEST], ids=["sapphirerapids", "rocketlake+amx"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_candidates_tile_instructions_and_bit_exact(name, target):
+    """Three candidates of every sketch, both AMX targets; run where the host has AMX."""
+    make, intrin = CASES[name]
+    case = make()
+    libs = [_check_asm(sch, target, intrin) for sch in _candidates(case, target, per_sketch=3)]
+    if not HOST_AMX:
+        pytest.skip(NO_AMX)
+    amx.request_amx()
+    for lib in libs:
+        np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bit_exact_on_amx_host(name):
+    if not HOST_AMX:
+        pytest.skip(NO_AMX)
+    make, intrin = CASES[name]
+    case = make()
+    amx.request_amx()
+    for sch in _candidates(case, SPR, per_sketch=1):
+        lib = _check_asm(sch, SPR, intrin)
+        np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
+
+
+# --------------------------------------------------------------------------- permission
+def test_permission_refused_is_one_clear_line():
+    if HOST_AMX:
+        amx.request_amx()  # granted: nothing raised, and again (once per process)
+        amx.request_amx()
+        return
+    for _ in range(2):  # asked once; the same error every time
+        with pytest.raises(amx.AMXUnavailable) as info:
+            amx.request_amx()
+        msg = str(info.value)
+        assert msg.startswith("AMX unavailable") and "\n" not in msg
+    assert isinstance(info.value, ValueError)  # the CLI prints it as one line, exit 2
+    assert amx.request_amx_if_host_has_it() is None  # no amx_tile here: nothing asked
+
+
+def test_permission_request_with_a_fake_kernel(monkeypatch):
+    import ctypes
+
+    calls = []
+
+    def kernel(errno):
+        def syscall(*args):
+            calls.append(tuple(int(a.value) for a in args))
+            ctypes.set_errno(errno)
+            return 0 if errno == 0 else -1
+        return syscall
+
+    assert amx._ask(kernel(0)) is None
+    assert calls[-1] == (158, 0x1023, 18)
+    old = amx._ask(kernel(22))
+    assert "older than 5.16" in old and "\n" not in old
+    assert "no AMX tile data" in amx._ask(kernel(95))
+    monkeypatch.setattr(amx.sys, "platform", "darwin")
+    assert "needs Linux" in amx._ask(kernel(0))
+    monkeypatch.setattr(amx.sys, "platform", "linux")
+    monkeypatch.setattr(amx.platform, "machine", lambda: "aarch64")
+    assert "x86_64" in amx._ask(kernel(0))
+
+
+def test_runner_workers_ask_for_amx(monkeypatch):
+    """make_runner gives LocalRunner the AMX initializer, a closure that needs nothing of
+    tvm_ext in the worker (cloudpickle sends it by value) and never raises."""
+    from tvm_ext.tune import runner as tune_runner
+
+    made = {}
+    monkeypatch.setattr(tune_runner.ms.runner, "LocalRunner", lambda **kw: made.update(kw) or "runner")
+    assert tune_runner.make_runner() == "runner"
+    init = made["initializer"]
+    assert "make_runner_initializer" in init.__qualname__
+    assert not any(name.startswith("tvm_ext") for name in init.__code__.co_names)
+    import cloudpickle
+
+    cloudpickle.loads(cloudpickle.dumps(init))()  # asks where the host has AMX, else a no-op
