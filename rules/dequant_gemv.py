@@ -19,10 +19,14 @@ from N different rows. This rule builds, for the whole function:
   row keeps ``lanes`` partial sums in registers (one packed word = 8 nibbles: broadcast, shift by
   the lane vector, mask, convert, subtract 7, multiply by the scale, FMA);
 * the lane sums, then the epilogue, computed per ``n_o`` tile (one loop nest, output written
-  once).
+  once);
+* split-K when N is small (fewer than ``MIN_TILES_PER_CORE`` tiles per core): K is cut into
+  ``splits`` chunks of whole groups, (tile, chunk) pairs run in parallel into a partial-sum
+  buffer, and a second parallel nest adds the chunks, the lanes and the epilogue per tile.
+  The rule then returns both sketches (plain and split-K).
 
-``rows`` and ``lanes`` are sampled decisions (candidates that divide N / the group; defaults
-``DEFAULT_ROWS`` / ``DEFAULT_LANES``). Blocks it scheduled are annotated
+``rows``, ``lanes`` and ``splits`` are sampled decisions (candidates that divide N, the group,
+the number of groups; defaults ``DEFAULT_ROWS`` / ``DEFAULT_LANES`` / ``DEFAULT_SPLITS``). Blocks it scheduled are annotated
 ``schedule_rule: "None"`` so that later rules leave them alone. Anything that does not match is
 returned unchanged, for TVM's other rules.
 
@@ -42,8 +46,11 @@ from tvm_ext.gemv_pattern import GemvPattern, match, match_func
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
 # change the loop count of the lane-sum block between draws, which a trace replay cannot follow
 LANES = (8, 16)  # vector lanes of the K partial sums
+SPLITS = (2, 4, 8)  # K chunks computed in parallel (split-K) when N is small
 DEFAULT_ROWS = 4
 DEFAULT_LANES = 8
+DEFAULT_SPLITS = 4
+MIN_TILES_PER_CORE = 4  # below this many N tiles per core, split K as well
 SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
 
 
@@ -53,6 +60,10 @@ def row_candidates(pattern: GemvPattern) -> list:
 
 def lane_candidates(pattern: GemvPattern) -> list:
     return [v for v in LANES if pattern.group % v == 0 and v % pattern.pack == 0]
+
+
+def split_candidates(pattern: GemvPattern) -> list:
+    return [c for c in SPLITS if (pattern.k // pattern.group) % c == 0]
 
 
 def _sample(sch, candidates, default, sample: bool):
@@ -65,49 +76,78 @@ def _sample(sch, candidates, default, sample: bool):
                                   decision=candidates.index(fixed))
 
 
-def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annotate: bool = False):
-    """Schedule the matched function in place (see module doc); returns the lane-sum block.
+def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annotate: bool = False,
+                  split_k: bool = False):
+    """Schedule the matched function in place (see module doc); returns the block whose
+    reduction init ``untuned`` separates (the per-lane partial sums).
 
-    ``block``: the GEMV block of ``sch``. ``sample``: rows/lanes as sampled decisions (a
-    MetaSchedule design space) instead of the defaults. ``annotate``: mark the blocks done."""
-    rows_c, lanes_c = row_candidates(pattern), lane_candidates(pattern)
-    if not rows_c or not lanes_c:
-        raise ScheduleError("no tile fits")  # pragma: no cover -- match() guarantees both
-    rows = _sample(sch, rows_c, DEFAULT_ROWS, sample)
-    lanes = _sample(sch, lanes_c, DEFAULT_LANES, sample)
+    ``block``: the GEMV block of ``sch``. ``sample``: rows/lanes(/splits) as sampled decisions
+    (a MetaSchedule design space) instead of the defaults. ``annotate``: mark the blocks done.
+    ``split_k``: also split K into parallel chunks (for small N, see ``wants_split_k``)."""
+    rows = _sample(sch, row_candidates(pattern), DEFAULT_ROWS, sample)
+    lanes = _sample(sch, lane_candidates(pattern), DEFAULT_LANES, sample)
+    splits = _sample(sch, split_candidates(pattern), DEFAULT_SPLITS, sample) if split_k else None
     if pattern.dequantize is not None:
         sch.compute_inline(sch.get_sblock(pattern.dequantize))
-    last = None
     for name in pattern.epilogues[:-1]:
         sch.compute_inline(sch.get_sblock(name))
-    if pattern.epilogues:
-        last = sch.get_sblock(pattern.epilogues[-1])
+    last = sch.get_sblock(pattern.epilogues[-1]) if pattern.epilogues else None
     *_, n_loop, k_loop = sch.get_loops(block)
-    n_o, n_i = sch.split(n_loop, [None, rows])
-    g, kw = sch.split(k_loop, [None, pattern.group])
+    sch.split(n_loop, [None, rows])
+    if split_k:
+        _, _, kw = sch.split(k_loop, [splits, None, pattern.group])
+    else:
+        _, kw = sch.split(k_loop, [None, pattern.group])
     _, k_i = sch.split(kw, [None, lanes])
     rf = sch.rfactor(k_i, factor_axis=len(sch.get(block).writes[0].region))
-    *_, n_o, n_i, g, w, k_i = sch.get_loops(rf)
-    sch.reorder(n_o, g, n_i, w, k_i)
-    sch.set_scope(rf, 0, "local")
-    sch.reverse_compute_at(block, n_o)
-    red_k, red_n = sch.get_loops(block)[-2:]
-    sch.reorder(red_n, red_k)
-    if last is not None:
-        sch.reverse_compute_at(last, n_o)
+    if split_k:
+        *_, n_o, n_i, k_p, g, w, k_i = sch.get_loops(rf)
+        part = sch.rfactor(k_p, factor_axis=0)  # [splits, .., n, lanes], summed by ``rf``
+        *_, n_o, n_i, k_p, g, w, k_i = sch.get_loops(part)
+        sch.reorder(n_o, k_p, g, n_i, w, k_i)
+        sch.parallel(sch.fuse(n_o, k_p))
+        lane_sums, tile = part, sch.get_loops(rf)[-4]  # rf: [.., n_o, n_i, k_p, lanes]
+        sch.set_scope(rf, 0, "local")
+        sch.parallel(tile)
+    else:
+        *_, n_o, n_i, g, w, k_i = sch.get_loops(rf)
+        sch.reorder(n_o, g, n_i, w, k_i)
+        sch.set_scope(rf, 0, "local")
+        lane_sums, tile = rf, n_o
+        sch.parallel(n_o)
     sch.vectorize(k_i)
     sch.unroll(w)
     sch.unroll(n_i)
-    sch.parallel(n_o)
+    sch.reverse_compute_at(block, tile)
+    red_k, red_n = sch.get_loops(block)[-2:]
+    sch.reorder(red_n, red_k)
+    if last is not None:
+        sch.reverse_compute_at(last, tile)
     if annotate:
-        for blk in (rf, block) + ((last,) if last is not None else ()):
+        extra = (rf,) if split_k else ()
+        for blk in (lane_sums, block) + extra + ((last,) if last is not None else ()):
             sch.annotate(blk, *SKIP)
-    return rf
+    return lane_sums
 
 
-def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:  # pylint: disable=unused-argument
-    """Every PrimFunc of ``mod`` that ``matches`` scheduled with the default decisions; the
-    others unchanged (``target``: reserved for per-target defaults; llvm AVX2 lanes today)."""
+def wants_split_k(pattern: GemvPattern, cores: int) -> bool:
+    """Whether N gives too few tiles of ``DEFAULT_ROWS`` to keep ``cores`` busy (and K has
+    groups to split)."""
+    return pattern.n // DEFAULT_ROWS < MIN_TILES_PER_CORE * cores and bool(split_candidates(pattern))
+
+
+def _cores(target) -> int:
+    cores = target.attrs.get("num-cores") if target is not None and hasattr(target, "attrs") else None
+    if cores:
+        return int(cores)
+    from tvm_ext.targets import physical_cores  # pylint: disable=import-outside-toplevel
+
+    return physical_cores()
+
+
+def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
+    """Every PrimFunc of ``mod`` that ``matches`` scheduled with the default decisions (split-K
+    when N is small for the target's ``num-cores``); the others unchanged."""
     out = {}
     for gv, func in mod.functions.items():
         pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
@@ -116,8 +156,9 @@ def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:  # pylint: disable=unuse
             continue
         sch = Schedule(tvm.IRModule({gv: func}))
         sch.work_on(gv.name_hint)
-        rf = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern)
-        sch.decompose_reduction(rf, sch.get_loops(rf)[-4])  # init before the group loop
+        split_k = wants_split_k(pattern, _cores(tvm.target.Target(target) if target is not None else None))
+        lane_sums = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, split_k=split_k)
+        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-4])  # init before the group loop
         out[gv] = sch.mod[gv]
     return tvm.IRModule(out, attrs=mod.attrs)
 
@@ -131,19 +172,29 @@ def matches(func) -> bool:
 class DequantGEMV(PyScheduleRule):
     """Schedule rule: the dequantize-GEMV design space (see module doc); other blocks pass."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.cores = 1
+
     def _initialize_with_tune_context(self, context) -> None:
-        pass
+        self.cores = _cores(context.target)
 
     def apply(self, sch, block):
         pattern = match(sch, block)
         if pattern is None:
             return [sch]
-        out = sch.copy()
-        try:
-            schedule_gemv(out, block, pattern, sample=True, annotate=True)
-        except ScheduleError:
-            return [sch]
-        return [out]
+        variants = [False] + ([True] if wants_split_k(pattern, self.cores) else [])
+        out = []
+        for split_k in variants:
+            cand = sch.copy()
+            try:
+                schedule_gemv(cand, block, pattern, sample=True, annotate=True, split_k=split_k)
+            except ScheduleError:
+                continue
+            out.append(cand)
+        return out or [sch]
 
     def clone(self):
-        return DequantGEMV()
+        other = DequantGEMV()
+        other.cores = self.cores
+        return other

@@ -198,17 +198,34 @@ def _gemv_q4_small(p: T.Buffer((8, 8), "uint32"), s: T.Buffer((8, 2), "float16")
 
 
 @T.prim_func(s_tir=True)
-def _gemv_q4_small_untuned(p: T.Buffer((8, 8), "uint32"), s: T.Buffer((8, 2), "float16"),
-                           x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 8), "float32")):
-    # dequantize inlined; N = 2 parallel tiles x 4 unrolled rows; K = 2 groups x 4 words x 8 lanes
-    y_rf_local = T.sblock_alloc_buffer((1, 8, 8), scope="local")
+def _gemv_q4_n16(p: T.Buffer((16, 8), "uint32"), s: T.Buffer((16, 2), "float16"),
+                 x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 16), "float32")):
+    w = T.sblock_alloc_buffer((64, 16))
+    for i, j in T.grid(64, 16):
+        with T.sblock("dq"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            w[vi, vj] = (T.Cast("float32", p[vj, vi // 8] >> T.Cast("uint32", vi % 8) * T.uint32(4)
+                                & T.uint32(15)) - T.float32(7)) * T.Cast("float32", s[vj, vi // 32])
+    for i, j, k in T.grid(1, 16, 64):
+        with T.sblock("gemv"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
+
+
+@T.prim_func(s_tir=True)
+def _gemv_q4_n16_untuned(p: T.Buffer((16, 8), "uint32"), s: T.Buffer((16, 2), "float16"),
+                         x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 16), "float32")):
+    # dequantize inlined; N = 4 parallel tiles x 4 unrolled rows; K = 2 groups x 4 words x 8 lanes
+    y_rf_local = T.sblock_alloc_buffer((1, 16, 8), scope="local")
     for i in range(1):
-        for j_0 in T.parallel(2):
+        for j_0 in T.parallel(4):
             for j_1_init in T.unroll(4):
                 for k_1_1_init in T.vectorized(8):
                     with T.sblock("gemv_rf_init"):
                         vk_1_1, vi = T.axis.remap("SS", [k_1_1_init, i])
-                        vj = T.axis.spatial(8, j_0 * 4 + j_1_init)
+                        vj = T.axis.spatial(16, j_0 * 4 + j_1_init)
                         y_rf_local[vi, vj, vk_1_1] = T.float32(0.0)
             for k_0 in range(2):
                 for j_1 in T.unroll(4):
@@ -216,7 +233,7 @@ def _gemv_q4_small_untuned(p: T.Buffer((8, 8), "uint32"), s: T.Buffer((8, 2), "f
                         for k_1_1 in T.vectorized(8):
                             with T.sblock("gemv_rf_update"):
                                 vk_1_1, vi = T.axis.remap("SS", [k_1_1, i])
-                                vj = T.axis.spatial(8, j_0 * 4 + j_1)
+                                vj = T.axis.spatial(16, j_0 * 4 + j_1)
                                 vk_0, vk_1_0 = T.axis.remap("RR", [k_0, k_1_0])
                                 kk = T.meta_var(vk_0 * 32 + vk_1_0 * 8 + vk_1_1)
                                 y_rf_local[vi, vj, vk_1_1] = y_rf_local[vi, vj, vk_1_1] + x[vi, kk] * (
@@ -227,16 +244,48 @@ def _gemv_q4_small_untuned(p: T.Buffer((8, 8), "uint32"), s: T.Buffer((8, 2), "f
                 with T.sblock("gemv"):
                     vk_1_1 = T.axis.reduce(8, ax0)
                     vi = T.axis.spatial(1, 0)
-                    vj = T.axis.spatial(8, j_0 * 4 + ax1)
+                    vj = T.axis.spatial(16, j_0 * 4 + ax1)
                     with T.init():
                         y[vi, vj] = T.float32(0.0)
                     y[vi, vj] = y[vi, vj] + y_rf_local[vi, vj, vk_1_1]
 
 
+def _cores(n):
+    return tvm.target.Target({"kind": "llvm", "num-cores": n})
+
+
 def test_untuned_before_after():
-    after = untuned(tvm.IRModule({"main": _gemv_q4_small}), TARGET)["main"]
+    """N = 16 on one core: 4 tiles of 4 rows are enough, no split-K."""
+    after = untuned(tvm.IRModule({"main": _gemv_q4_n16}), _cores(1))["main"]
     tvm.ir.assert_structural_equal(after.without_attr("global_symbol"),
-                                   _gemv_q4_small_untuned.without_attr("global_symbol"))
+                                   _gemv_q4_n16_untuned.without_attr("global_symbol"))
+
+
+def _check_small(mod, seed=0):
+    func = _gemv_q4_small
+    rng = np.random.default_rng(seed)
+    arrays = random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
+    args = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+    tvm.compile(mod, target=TARGET)["main"](*args)
+    ref = arrays[2].reshape(-1).astype("float64") @ phi2.dequantize_np(arrays[0], arrays[1])
+    np.testing.assert_allclose(args[-1].numpy().reshape(-1), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_split_k_when_n_is_small():
+    """N = 8 (2 tiles) on 2 cores: K is split into parallel chunks as well; untuned and both
+    sketches of the rule (plain, split-K), decisions redrawn, match NumPy."""
+    mod = untuned(_main(_gemv_q4_small), _cores(2))
+    assert mod["main"].script().count("T.parallel") == 2 and "_rf_rf" in mod["main"].script()
+    _check_small(mod)
+    rule = DequantGEMV()
+    rule.cores = 2
+    sch = Schedule(_main(_gemv_q4_small))
+    sketches = rule.apply(sch, sch.get_sblock("gemv"))
+    assert ["_rf_rf" in s.mod["main"].script() for s in sketches] == [False, True]
+    for sketch in sketches:
+        out = Schedule(_main(_gemv_q4_small), seed=271828183)
+        Trace(sketch.trace.insts, {}).apply_to_schedule(out, remove_postproc=True)
+        _check_small(out.mod)
 
 
 def test_plain_fp32_gemv_left_alone():
