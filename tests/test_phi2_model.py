@@ -7,6 +7,7 @@ them in a second); dlight and the dequantize-GEMV rule under -m slow.  No timing
 import json
 
 import numpy as np
+import tvm_ffi
 import pytest
 
 tvm = pytest.importorskip("tvm")
@@ -127,7 +128,7 @@ def test_scheduled_generate_matches_reference(model, how):
     _check(dec, model, past, PAST)
 
 
-@pytest.mark.slow  # ~10 s: bandwidth measurement and two builds
+@pytest.mark.slow  # ~15 s: two bandwidth measurements (512 MiB) and three builds
 def test_cli_generate_json(tmp_path, capsys):
     out = tmp_path / "e2e.json"
     assert main(["generate", "--config", "reduced", "--layers", "1", "--tokens", "2", "--context", "3",
@@ -135,7 +136,41 @@ def test_cli_generate_json(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc == json.loads(out.read_text())
     assert {"layers", "tokens", "tok_s", "bound_tok_s", "kernels", "schedule", "device"} <= set(doc)
+    # two rows of one run: the second decoder shares the first one's weights and past
     assert main(["generate", "--config", "reduced", "--layers", "1", "--tokens", "2", "--context", "3",
-                 "--schedule", "none", "--quiet"]) == 0
+                 "--schedule", "none,none", "--quiet", "--out", str(out)]) == 0
     table = capsys.readouterr().out
     assert "tokens/s" in table and "% of bound" in table and "qkv" in table
+    one, two = json.loads(out.read_text())
+    assert one["generated"] == two["generated"] == doc["generated"]
+    assert main(["generate", "--config", "reduced", "--schedule", "none,bogus"]) == 2
+
+
+def test_rule_schedules_the_gemv_kernels_and_dlight_the_rest(model):
+    pytest.importorskip("tvm_ext.rules.dequant_gemv")
+    from tvm_ext.targets import resolve_target
+
+    mod, used = phi2_e2e.schedule(model.mod, resolve_target("llvm"), "rule")
+    labels = phi2_e2e.kernel_labels(model.mod)
+    assert {n for n, how in used.items() if how == "dequant_gemv"} == set(labels) - {"embed_lookup"}
+    assert used["layer_norm"] == "Reduction" and "kv_write" not in used
+    for name in labels:
+        if name != "embed_lookup":
+            assert not tvm_ffi.structural_equal(mod[name], model.mod[name])
+
+
+def test_tuned_takes_database_records_and_dlight_elsewhere(model, tmp_path):
+    from tvm_ext.bench import phi2_kernels as pk
+    from tvm_ext.targets import resolve_target
+    from tvm_ext.tune.kernels import kernel_database
+
+    target = resolve_target("llvm")
+    # a database holding one record: the unscheduled layer_norm (the empty-trace seed)
+    m = pk.normalize(model.mod["layer_norm"])
+    pk.seed_database(kernel_database(str(tmp_path)), {"layer_norm": m}, {"layer_norm": ("none", None)},
+                     target, {"layer_norm": 1e-3})
+    mod, used = phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path))
+    assert used["layer_norm"] == "tuned" and used["softmax"] == "Reduction"
+    tvm.ir.assert_structural_equal(mod["layer_norm"].body, model.mod["layer_norm"].body)
+    with pytest.raises(ValueError, match="no tuning database"):
+        phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path / "missing"))

@@ -9,7 +9,8 @@ timed: each kernel's share of that step.
 
 bound_tok_s = DRAM bandwidth / bytes a token must stream: all layers' and the head's
 weights (packed q4, fp16 scales, biases, LayerNorm) plus the keys and values of the cached
-positions each step attends to (averaged over the steps), the embedding row aside.  The
+positions each step attends to (averaged over the steps; the attention kernels read the
+whole cache capacity, context + tokens, masked), the embedding row aside.  The
 bandwidth is ``phi2_kernels.measure_bandwidth``'s copy bandwidth (read + written bytes per
 second; the faster of TVM's parallel copy and NumPy's), measured before the decode.
 """
@@ -83,9 +84,10 @@ def dequant_gemv_rule():
     return dequant_gemv
 
 
-def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=None):
-    """``phi2_model.Decoder`` of ``model`` scheduled ``how`` and compiled for ``target``;
-    its ``rules`` attribute says which schedule each kernel got."""
+def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=None, share=None):
+    """``phi2_model.Decoder`` of ``model`` scheduled ``how`` and compiled for ``target``
+    (``share``: a Decoder of the same model whose uploaded weights it reuses); its ``rules``
+    attribute says which schedule each kernel got."""
     import tvm
 
     from tvm_ext.targets import resolve_target
@@ -97,7 +99,7 @@ def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=Non
     mod, used = schedule(model.mod, target, how, database)
     ex = tvm.compile(mod, target=target)
     log(f"built {model.config} decode step ({how}) in {time.time() - t0:.0f} s")
-    dec = Decoder(model, ex, dev=dev, log=log)
+    dec = Decoder(model, ex, dev=dev, log=log, share=share)
     dec.rules = used
     return dec
 
@@ -107,6 +109,14 @@ def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dli
     """Run the decode (see the module docstring); returns {layers, tokens, context, tok_s,
     bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, share}],
     schedule, device, threads, ...}."""
+    return decode_e2e_rows((schedule,), config, layers, tokens, context, threads, log, target, seed,
+                           bandwidth_mb, database)[0]
+
+
+def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=512, threads=None,
+                    log=print, target="llvm", seed=0, bandwidth_mb=512, database=None) -> list:
+    """``decode_e2e`` for each of ``schedules`` in one process: one bandwidth measurement,
+    the weights generated and uploaded once, the same past and first token for each."""
     from tvm_ext.workloads import phi2_model as pm
 
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
@@ -116,12 +126,13 @@ def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dli
     if context < 0:
         raise ValueError(f"context must be at least 0, not {context}")
     pm.check_config(config, layers, context + tokens)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}")
-    if schedule == "rule":
-        dequant_gemv_rule()  # one clear line before minutes of work when the rule is missing
-    if schedule == "tuned":
-        tuning_database(database)
+    for how in schedules:  # one clear line before minutes of work
+        if how not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
+        if how == "rule":
+            dequant_gemv_rule()
+        if how == "tuned":
+            tuning_database(database)
     _set_threads(threads)
     import tvm
 
@@ -132,9 +143,31 @@ def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dli
     bandwidth = max(bw_tvm, bw_np)
     log(f"copy bandwidth: {bw_tvm:.1f} GB/s (TVM parallel copy), {bw_np:.1f} GB/s (numpy)")
     model = pm.build_model(config, layers, capacity=context + tokens, seed=seed)
-    dec = decoder(model, target, schedule, dev=dev, log=log, database=database)
+    weight_bytes = model.weight_bytes()
+    kv_bytes = float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
+    host = describe_host()
+    common = {
+        "config": config, "layers": layers, "tokens": tokens, "context": context,
+        "bound_tok_s": bandwidth * 1e9 / (weight_bytes + kv_bytes),
+        "weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "bandwidth_gbs": bandwidth,
+        "bandwidth_tvm_gbs": bw_tvm, "bandwidth_numpy_gbs": bw_np,
+        "threads": int(threads or os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1),
+        "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
+    }
+    rows, weights = [], None
+    for how in schedules:
+        dec = decoder(model, target, how, dev=dev, log=log, database=database, share=weights)
+        weights = weights or dec
+        rows.append(dict(common, schedule=how, **_timed_decode(dec, tokens, context, seed, log)))
+        del dec
+    return rows
+
+
+def _timed_decode(dec, tokens, context, seed, log):
+    """{tok_s, kernels, rules, generated} of a greedy decode of ``tokens`` tokens after
+    ``context`` random past positions, then one instrumented step."""
     dec.fill_past(context, seed=seed)
-    first = int(np.random.default_rng(seed).integers(model.cfg["vocab"]))
+    first = int(np.random.default_rng(seed).integers(dec.model.cfg["vocab"]))
     t0 = time.perf_counter()
 
     def progress(done):
@@ -145,21 +178,10 @@ def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dli
     seconds = time.perf_counter() - t0
     times = dec.kernel_times(ids[-2] if tokens > 1 else first, context + tokens - 1)
     total = sum(times.values()) or 1.0
-    labels = kernel_labels(model.mod)
+    labels = kernel_labels(dec.model.mod)
     kernels = sorted(({"name": n, "label": labels.get(n, n), "share": t / total} for n, t in times.items()),
                      key=lambda k: -k["share"])
-    weight_bytes = model.weight_bytes()
-    kv_bytes = float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
-    host = describe_host()
-    return {
-        "config": config, "layers": layers, "tokens": tokens, "context": context, "schedule": schedule,
-        "tok_s": tokens / seconds, "bound_tok_s": bandwidth * 1e9 / (weight_bytes + kv_bytes),
-        "weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "bandwidth_gbs": bandwidth,
-        "bandwidth_tvm_gbs": bw_tvm, "bandwidth_numpy_gbs": bw_np, "kernels": kernels,
-        "rules": dec.rules, "generated": ids,
-        "threads": int(threads or os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1),
-        "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
-    }
+    return {"tok_s": tokens / seconds, "kernels": kernels, "rules": dec.rules, "generated": ids}
 
 
 def kernel_labels(mod) -> dict:

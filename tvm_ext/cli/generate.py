@@ -11,9 +11,9 @@ def add_parser(sub) -> None:
                     "layer called per layer, KV cache of CONTEXT random past positions + TOKENS), "
                     "generate TOKENS tokens greedily on the Relax VM and print tokens/s, the bound "
                     "(measured copy bandwidth / bytes of all weights and the attended KV per token), "
-                    "the percentage of the bound reached and the kernels' shares of one step. The full "
-                    "model's weights (~1.5 GB) take about a minute to generate and dlight's kernels "
-                    "minutes to compile on 2 cores; progress goes to stderr.")
+                    "the percentage of the bound reached and the kernels' shares of one step. On 2 cores the "
+                    "full model's weights (1.5 GB) take 1-2 minutes to generate and a dlight step "
+                    "about 10 s (--tokens 8: about 4 minutes in all); progress goes to stderr.")
     p.add_argument("--config", default="full", choices=("full", "reduced"),
                    help="full: Phi-2 (hidden 2560, 32 heads x 80, MLP 10240, vocab 51200); reduced: "
                         "hidden 256, 4 heads x 64, MLP 1024, vocab 1024 (default full)")
@@ -21,10 +21,11 @@ def add_parser(sub) -> None:
     p.add_argument("--tokens", type=count, default=16, help="tokens to generate (default 16)")
     p.add_argument("--context", type=int, default=512,
                    help="past positions already in the KV cache (random; default 512)")
-    p.add_argument("--schedule", default="dlight", choices=("dlight", "rule", "tuned", "none"),
-                   help="dlight (default); rule: tvm_ext's dequantize-GEMV rule for the kernels it "
-                        "matches, dlight for the rest; tuned: the best records of --database for the "
-                        "kernels it holds, dlight for the rest; none: unscheduled kernels (quick checks)")
+    p.add_argument("--schedule", default="dlight",
+                   help="comma-separated, each a row of the same run (weights built once): dlight "
+                        "(default); rule: tvm_ext's dequantize-GEMV rule for the kernels it matches, "
+                        "dlight for the rest; tuned: the best records of --database for the kernels "
+                        "it holds, dlight for the rest; none: unscheduled kernels (quick checks)")
     p.add_argument("--database", metavar="DIR", default=None,
                    help="tuning work dir for --schedule tuned (default "
                         "tuning_logs/phi2-decode-llvm-fused/metaschedule)")
@@ -40,35 +41,45 @@ def run(args) -> int:
     import json
     import os
 
-    from tvm_ext.bench.phi2_e2e import decode_e2e
+    from tvm_ext.bench.phi2_e2e import decode_e2e_rows
     from tvm_ext.cli.common import log
 
+    schedules = tuple(x.strip() for x in args.schedule.split(",") if x.strip())
+    if not schedules:
+        raise ValueError("--schedule is empty")
     if args.context < 0:
         raise ValueError(f"--context must be at least 0, not {args.context}")
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise ValueError(f"--out: no directory {os.path.dirname(os.path.abspath(args.out))}")
-    doc = decode_e2e(config=args.config, layers=args.layers, tokens=args.tokens, context=args.context,
-                     schedule=args.schedule, threads=args.threads, seed=args.seed, database=args.database,
-                     log=(lambda msg: None) if args.quiet else log)
-    text = json.dumps(doc)
+    rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
+                           context=args.context, threads=args.threads, seed=args.seed, database=args.database,
+                           log=(lambda msg: None) if args.quiet else log)
+    text = json.dumps(rows[0] if len(rows) == 1 else rows)
     if args.out:
         tmp = args.out + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text + "\n")
         os.replace(tmp, args.out)
-    print(text if args.json else format_table(doc))
+    print(text if args.json else format_table(rows))
     return 0
 
 
-def format_table(doc: dict, top: int = 6) -> str:
+def format_table(rows, top: int = 6) -> str:
+    """One column per schedule: tokens/s, the bound, % of it; then each one's top kernels."""
     from tvm_ext.cli.table import render
 
-    head = (f"phi2 decode, {doc['config']}: {doc['layers']} layers, {doc['tokens']} tokens after "
-            f"{doc['context']} past positions, {doc['schedule']}, {doc['threads']} threads, {doc['device']}")
-    rows = [["tokens/s", f"{doc['tok_s']:.2f}"], ["bound tokens/s", f"{doc['bound_tok_s']:.2f}"],
-            ["% of bound", f"{100 * doc['tok_s'] / doc['bound_tok_s']:.1f}"],
-            ["MB per token", f"{(doc['weight_bytes'] + doc['kv_bytes']) / 1e6:.1f}"],
-            ["bandwidth GB/s", f"{doc['bandwidth_gbs']:.1f}"]]
-    kernels = [[k["label"], k["name"], f"{100 * k['share']:.1f}"] for k in doc["kernels"][:top]]
-    return "\n".join([head, render(["", "value"], rows), "", "kernels by share of one step:",
-                      render(["kernel", "name", "%"], kernels, "<<>")])
+    d = rows[0]
+    head = (f"phi2 decode, {d['config']}: {d['layers']} layers, {d['tokens']} tokens after {d['context']} past "
+            f"positions, {d['threads']} threads, {d['device']}; {(d['weight_bytes'] + d['kv_bytes']) / 1e6:.1f} "
+            f"MB per token, bandwidth {d['bandwidth_gbs']:.1f} GB/s")
+    table = render([""] + [r["schedule"] for r in rows], [
+        ["tokens/s"] + [f"{r['tok_s']:.2f}" for r in rows],
+        ["bound tokens/s"] + [f"{r['bound_tok_s']:.2f}" for r in rows],
+        ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows]])
+    lines = [head, table]
+    for r in rows:
+        kernels = [[k["label"], k["name"] if k["name"] != k["label"] else "", f"{100 * k['share']:.1f}"]
+                   for k in r["kernels"][:top]]
+        lines += ["", f"{r['schedule']}: kernels by share of one step",
+                  render(["kernel", "name", "%"], kernels, "<<>")]
+    return "\n".join(lines)

@@ -179,27 +179,30 @@ def _build_module(cfg, capacity):
 class Decoder:
     """The compiled decode step with its weights and KV caches on ``dev`` (``tvm.cpu(0)``)."""
 
-    def __init__(self, model: Phi2Model, executable, dev=None, log=None):
-        """``executable``: ``tvm.compile`` of ``model.mod`` (scheduled or not)."""
+    def __init__(self, model: Phi2Model, executable, dev=None, log=None, share=None):
+        """``executable``: ``tvm.compile`` of ``model.mod`` (scheduled or not); ``share``: a
+        Decoder of the same model on the same device whose weights this one uses too (its own
+        caches are fresh)."""
         import tvm
         from tvm import relax
 
         log = log or (lambda msg: None)
         self.model = model
         self.dev = dev or tvm.cpu(0)
-        self.ex = executable
-        self.vm = relax.VirtualMachine(self.ex, self.dev)
+        self.rt = executable.jit() if hasattr(executable, "jit") else executable  # linked once
+        self.vm = relax.VirtualMachine(self.rt, self.dev)
         self.rules = {}  # kernel name -> schedule it got (set by whoever scheduled the module)
         up = lambda a: tvm.runtime.tensor(a, self.dev)  # noqa: E731
         t0 = time.time()
-        self.layer_w = []
-        for i in range(model.layers):
+        self.layer_w = [] if share is None else share.layer_w
+        for i in range(model.layers if share is None else 0):
             self.layer_w.append([up(a) for a in _flat(model.layer_weights(i), LAYER_WEIGHTS)])
             done = i + 1
             if done % 4 == 0 or done == model.layers:
                 left = (time.time() - t0) / done * (model.layers - done)
                 log(f"weights: {done}/{model.layers} layers, ETA {left:.0f} s")
-        self.head_w = [up(a) for a in _flat(model.head_weights(), ("lnf_g", "lnf_b", "lm_head"))]
+        self.head_w = share.head_w if share is not None else [
+            up(a) for a in _flat(model.head_weights(), ("lnf_g", "lnf_b", "lm_head"))]
         cfg = model.cfg
         shape = (1, model.capacity, cfg["heads"], cfg["head_dim"])
         zeros = np.zeros(shape, DTYPE)
@@ -243,7 +246,7 @@ class Decoder:
         during one step, timed around every VM call (the step re-runs position ``pos``)."""
         from tvm import relax
 
-        vm, times, start = relax.VirtualMachine(self.ex, self.dev), {}, {}
+        vm, times, start = relax.VirtualMachine(self.rt, self.dev), {}, {}
 
         def instrument(func, name, before, ret, *args):
             if before:
