@@ -15,19 +15,19 @@ from N different rows. This rule builds, for the whole function:
 * the dequantize inlined into the GEMV, the epilogues inlined into the last one;
 * N split into ``n_o`` (parallel) x ``rows`` (unrolled: rows share each activation load);
 * K walked in whole quantization groups ``g`` (one scale load per row and group), each group
-  split into words ``w`` (unrolled) x ``lanes`` (vectorized); the lanes are an rfactor, so every
-  row keeps ``lanes`` partial sums in registers (one packed word = 8 nibbles: broadcast, shift by
-  the lane vector, mask, convert, subtract 7, multiply by the scale, FMA);
-* the lane sums, then the epilogue, computed per ``n_o`` tile (one loop nest, output written
-  once);
+  split into ``sums`` partial sums per row (an rfactor: independent accumulators kept in
+  registers), each 8 lanes (one packed word: broadcast, shift by the lane vector, mask,
+  convert, subtract 7, multiply by the scale, FMA) vectorized, the words unrolled;
+* the partial sums added, then the epilogue, computed per ``n_o`` tile (one loop nest,
+  output written once);
 * split-K when N is small (fewer than ``MIN_TILES_PER_CORE`` tiles per core): K is cut into
   ``splits`` chunks of whole groups, (tile, chunk) pairs run in parallel into a partial-sum
-  buffer, and a second parallel nest adds the chunks, the lanes and the epilogue per tile.
+  buffer, and a second parallel nest adds the chunks, the partial sums and the epilogue per tile.
   The rule then returns both sketches (plain and split-K).
 
-``rows``, ``lanes`` and ``splits`` are sampled decisions (candidates that divide N, the group,
-the number of groups; defaults ``DEFAULT_ROWS`` / ``DEFAULT_LANES`` / ``DEFAULT_SPLITS``). Blocks it scheduled are annotated
-``schedule_rule: "None"`` so that later rules leave them alone. Anything that does not match is
+``rows``, ``sums`` and ``splits`` are sampled decisions (candidates that divide N, the group,
+the number of groups; defaults ``DEFAULT_ROWS`` / ``DEFAULT_SUMS`` / ``DEFAULT_SPLITS``).
+Blocks it scheduled are annotated ``schedule_rule: "None"`` so that later rules leave them alone. Anything that does not match is
 returned unchanged, for TVM's other rules.
 
 ``untuned(mod, target)`` applies the default decisions to every matching PrimFunc of a module
@@ -45,10 +45,10 @@ from tvm_ext.gemv_pattern import GemvPattern, match, match_func
 
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
 # change the loop count of the lane-sum block between draws, which a trace replay cannot follow
-LANES = (8, 16)  # vector lanes of the K partial sums
+SUMS = (8, 16, 32)  # partial sums per row (independent accumulators), one word = 8 lanes each
 SPLITS = (2, 4, 8)  # K chunks computed in parallel (split-K) when N is small
 DEFAULT_ROWS = 4
-DEFAULT_LANES = 8
+DEFAULT_SUMS = 8
 DEFAULT_SPLITS = 4
 MIN_TILES_PER_CORE = 4  # below this many N tiles per core, split K as well
 SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
@@ -58,8 +58,8 @@ def row_candidates(pattern: GemvPattern) -> list:
     return [r for r in ROWS if pattern.n % r == 0]
 
 
-def lane_candidates(pattern: GemvPattern) -> list:
-    return [v for v in LANES if pattern.group % v == 0 and v % pattern.pack == 0]
+def sum_candidates(pattern: GemvPattern) -> list:
+    return [v for v in SUMS if pattern.group % v == 0 and v % pattern.pack == 0]
 
 
 def split_candidates(pattern: GemvPattern) -> list:
@@ -81,11 +81,11 @@ def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annota
     """Schedule the matched function in place (see module doc); returns the block whose
     reduction init ``untuned`` separates (the per-lane partial sums).
 
-    ``block``: the GEMV block of ``sch``. ``sample``: rows/lanes(/splits) as sampled decisions
+    ``block``: the GEMV block of ``sch``. ``sample``: rows/sums(/splits) as sampled decisions
     (a MetaSchedule design space) instead of the defaults. ``annotate``: mark the blocks done.
     ``split_k``: also split K into parallel chunks (for small N, see ``wants_split_k``)."""
     rows = _sample(sch, row_candidates(pattern), DEFAULT_ROWS, sample)
-    lanes = _sample(sch, lane_candidates(pattern), DEFAULT_LANES, sample)
+    sums = _sample(sch, sum_candidates(pattern), DEFAULT_SUMS, sample)
     splits = _sample(sch, split_candidates(pattern), DEFAULT_SPLITS, sample) if split_k else None
     if pattern.dequantize is not None:
         sch.compute_inline(sch.get_sblock(pattern.dequantize))
@@ -98,24 +98,27 @@ def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annota
         _, _, kw = sch.split(k_loop, [splits, None, pattern.group])
     else:
         _, kw = sch.split(k_loop, [None, pattern.group])
-    _, k_i = sch.split(kw, [None, lanes])
-    rf = sch.rfactor(k_i, factor_axis=len(sch.get(block).writes[0].region))
+    _, k_s = sch.split(kw, [None, sums])
+    rf = sch.rfactor(k_s, factor_axis=len(sch.get(block).writes[0].region))
     if split_k:
-        *_, n_o, n_i, k_p, g, w, k_i = sch.get_loops(rf)
-        part = sch.rfactor(k_p, factor_axis=0)  # [splits, .., n, lanes], summed by ``rf``
-        *_, n_o, n_i, k_p, g, w, k_i = sch.get_loops(part)
-        sch.reorder(n_o, k_p, g, n_i, w, k_i)
+        *_, n_o, n_i, k_p, g, w, k_s = sch.get_loops(rf)
+        part = sch.rfactor(k_p, factor_axis=0)  # [splits, .., n, sums], summed by ``rf``
+        *_, n_o, n_i, k_p, g, w, k_s = sch.get_loops(part)
+        k_u, k_i = sch.split(k_s, [None, pattern.pack])
+        sch.reorder(n_o, k_p, g, n_i, w, k_u, k_i)
         sch.parallel(sch.fuse(n_o, k_p))
-        lane_sums, tile = part, sch.get_loops(rf)[-4]  # rf: [.., n_o, n_i, k_p, lanes]
+        lane_sums, tile = part, sch.get_loops(rf)[-4]  # rf: [.., n_o, n_i, k_p, sums]
         sch.set_scope(rf, 0, "local")
         sch.parallel(tile)
     else:
-        *_, n_o, n_i, g, w, k_i = sch.get_loops(rf)
-        sch.reorder(n_o, g, n_i, w, k_i)
+        *_, n_o, n_i, g, w, k_s = sch.get_loops(rf)
+        k_u, k_i = sch.split(k_s, [None, pattern.pack])
+        sch.reorder(n_o, g, n_i, w, k_u, k_i)
         sch.set_scope(rf, 0, "local")
         lane_sums, tile = rf, n_o
         sch.parallel(n_o)
     sch.vectorize(k_i)
+    sch.unroll(k_u)
     sch.unroll(w)
     sch.unroll(n_i)
     sch.reverse_compute_at(block, tile)
@@ -158,7 +161,7 @@ def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
         sch.work_on(gv.name_hint)
         split_k = wants_split_k(pattern, _cores(tvm.target.Target(target) if target is not None else None))
         lane_sums = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, split_k=split_k)
-        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-4])  # init before the group loop
+        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-5])  # init before the group loop
         out[gv] = sch.mod[gv]
     return tvm.IRModule(out, attrs=mod.attrs)
 
