@@ -20,6 +20,8 @@ from tvm_ext import rulesets as R
 from tvm_ext.intrinsics import amx as I
 from tvm_ext.rules.amx_tensorize import AMXTensorize
 from tvm_ext.targets import _cpuinfo
+from tvm_ext.workloads import qnn_amx as QA
+from tvm_ext.workloads import qnn_vnni as QV
 
 SPR = {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2}
 # what the llvm preset gives on a Sapphire Rapids guest that LLVM names rocketlake
@@ -45,9 +47,12 @@ def _block(case):
 
 def _candidates(case, target, per_sketch: int):
     """``per_sketch`` postprocessed candidates of every sketch of the AMX space."""
+    return _mod_candidates(case.mod, target, per_sketch, R.amx_space)
+
+
+def _mod_candidates(mod, target, per_sketch: int, space):
     target = tvm.target.Target(target)
-    ctx = ms.TuneContext(mod=case.mod, target=target, space_generator=R.amx_space(target),
-                         task_name=case.name, rand_state=1)
+    ctx = ms.TuneContext(mod=mod, target=target, space_generator=space(target), task_name="amx", rand_state=1)
     sketches = ctx.generate_design_space()
     assert sketches
     out = []
@@ -55,7 +60,7 @@ def _candidates(case, target, per_sketch: int):
         trace = Trace(sketch.trace.insts, {})
         got = 0
         for seed in range(1, 4 * per_sketch + 1):
-            sch = tvm.s_tir.Schedule(case.mod, seed=seed)
+            sch = tvm.s_tir.Schedule(mod, seed=seed)
             trace.apply_to_schedule(sch, remove_postproc=True)
             if all(p.apply(sch) for p in ctx.space_generator.postprocs):
                 out.append(sch)
@@ -191,6 +196,70 @@ def test_bit_exact_on_amx_host(name):
         np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
 
+# --------------------------------------------------------------------------- the AMX network layout
+def test_conv_with_64_channel_output_blocks_matches_numpy():
+    """qnn_amx's conv (NCHW64c in and out, OIHW16i16o4i weights) computes the plain conv:
+    built for the host with plain code, compared exactly with NumPy."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(0, 256, (1, 6, 5, 64)).astype(np.uint8)
+    w = rng.integers(-127, 128, (128, 3, 3, 64)).astype(np.int8)
+    data = te.placeholder((1, 1, 6, 5, 64), "uint8", name="data")
+    weight = te.placeholder((8, 1, 3, 3, 16, 16, 4), "int8", name="weight")
+    acc = QA.conv2d_nchwc_acc_ob(data, weight, stride=1, pad=1, zp_x=5)
+    assert [int(d) for d in acc.shape] == [1, 2, 6, 5, 64]
+    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([data, weight, acc])}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros((1, 2, 6, 5, 64), np.int32))
+    lib(tvm.runtime.tensor(QV.pack_activation(x, 64)), tvm.runtime.tensor(QV.pack_conv_weight(w, 64)), out)
+    xpad = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=5).astype(np.int64)
+    ref = sum(np.einsum("nhwc,oc->nhwo", xpad[:, i:i + 6, j:j + 5, :], w[:, i, j, :].astype(np.int64))
+              for i in range(3) for j in range(3))
+    np.testing.assert_array_equal(QV.unpack_activation(out.numpy()), ref)
+
+
+def test_network_conv_layouts_tensorize_with_amx():
+    """The convs of resnet50-int8-amx at 224 (14-column 3x3, 7-column 1x1, stride 2 with a
+    64-channel output block) are picked by the rule and assemble to tile instructions."""
+    rule = AMXTensorize()
+    for h, cin, cout, stride, k, intrin in [(14, 256, 256, 1, 3, I.dot_intrin(14, 1, "k4")),
+                                            (14, 512, 128, 2, 1, I.dot_intrin(7, 2, "k4"))]:
+        data = te.placeholder((1, cin // 64, h, h, 64), "uint8", name="data")
+        weight = te.placeholder((cout // 16, cin // 64, k, k, 16, 16, 4), "int8", name="weight")
+        acc = QA.conv2d_nchwc_acc_ob(data, weight, stride=stride, pad=k // 2, zp_x=3)
+        mod = tvm.IRModule({"main": te.create_prim_func([data, weight, acc])})
+        sch = tvm.s_tir.Schedule(mod)
+        assert rule.choose_intrin(sch, sch.get_sblock("conv2d_nchwc_int8")) == intrin
+    (sch, *_) = _mod_candidates(mod, SPR, 1, R.amx_space)
+    _check_asm(sch, SPR, intrin)
+
+
+@pytest.mark.slow
+def test_amx_network_untuned_exact_and_tasks():
+    """resnet50-int8-amx (small images) equals resnet50-int8's NumPy reference untuned;
+    the rule tensorizes its 53 convs where the layout and width allow."""
+    from tvm import relax
+
+    from tvm_ext import tune as tuning
+    from tvm_ext.workloads import resnet50_int8
+
+    wl = QA.build_resnet50(batch=1, image=32, seed=0)
+    graph, inputs = resnet50_int8.network(batch=1, image=32, seed=0)
+    vm = relax.VirtualMachine(relax.build(wl.mod, target=tvm.target.Target("llvm")), tvm.cpu())
+    out = vm["main"](*(tvm.runtime.tensor(a) for a in wl.inputs)).numpy()
+    np.testing.assert_array_equal(out, graph(inputs))
+    assert len(np.unique(out)) > 10
+    tasks = [t for t in tuning.extract_tasks(wl, tvm.target.Target(SPR)) if "conv2d_nchwc" in t.name]
+    assert sum(t.weight for t in tasks) == 53
+    rule = AMXTensorize()
+    for task in tasks:
+        sch = tvm.s_tir.Schedule(task.mod)
+        block = sch.get_sblock("conv2d_nchwc_int8")
+        stmt = sch.get(block)
+        out_width = int(stmt.writes[0].source.shape[-2])
+        in_block = max(int(r.source.shape[-1]) for r in stmt.reads if str(r.source.dtype) == "uint8")
+        expected = in_block == 64 and out_width >= 4  # the stem reads NCHW4c; 1- and 2-wide rows are VNNI's
+        assert (rule.choose_intrin(sch, block) is not None) == expected, task.name
+
+
 # --------------------------------------------------------------------------- permission
 def test_permission_refused_is_one_clear_line():
     if HOST_AMX:
@@ -244,3 +313,16 @@ def test_runner_workers_ask_for_amx(monkeypatch):
     import cloudpickle
 
     cloudpickle.loads(cloudpickle.dumps(init))()  # asks where the host has AMX, else a no-op
+
+
+def test_modules_run_in_process_ask_first(monkeypatch):
+    """make_vm (bench, tune's comparison, import-onnx) asks for AMX on AMX targets only;
+    a refusal is the one-line error, before any tile instruction could run."""
+    from tvm_ext.tune.apply import make_vm
+
+    monkeypatch.setattr(amx, "_state", {"error": "AMX unavailable: refused (simulated)"})
+    with pytest.raises(amx.AMXUnavailable, match="simulated"):
+        make_vm(None, tvm.target.Target(SPR))
+    with pytest.raises(Exception) as info:  # no AMX asked: fails on the missing executable
+        make_vm(None, tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"}))
+    assert not isinstance(info.value, amx.AMXUnavailable)

@@ -24,15 +24,12 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     task of the first rule set's database against one ORT QLinearConv of its shape."""
     import tvm
 
-    from tvm_ext.amx import request_amx
-    from tvm_ext.targets import has_amx, resolve_target, target_key
+    from tvm_ext.targets import resolve_target, target_key
 
     runs, rows, targets = {}, [], {}
     for label in rulesets:
         ruleset, _, target_name = label.partition("@")  # "upstream@llvm-generic": own target
         row_target = targets[label] = resolve_target(target_name) if target_name else target
-        if has_amx(row_target):
-            request_amx()  # the module runs in this process: tile permission first, or one clear error
         work_dir = tuning.default_work_dir(workload.name, row_target, ruleset, work_root)
         if not from_logs:
             tuning.tune(workload, row_target, work_dir, trials, ruleset, log=log)

@@ -48,8 +48,15 @@ def device_for(target):
 
 
 def make_vm(executable, target):
+    """A Relax VM for ``executable`` in this process; on an AMX target it first asks the
+    kernel for tile permission (``tvm_ext.amx.request_amx``: one clear error if refused)."""
     from tvm import relax
 
+    from tvm_ext.amx import request_amx  # pylint: disable=import-outside-toplevel
+    from tvm_ext.targets import has_amx  # pylint: disable=import-outside-toplevel
+
+    if has_amx(target):
+        request_amx()
     return relax.VirtualMachine(executable, device_for(target))
 
 

@@ -1,0 +1,109 @@
+"""The packed quantized network in the layout Intel AMX tiles want (``resnet50-int8-amx``).
+
+AMX's ``tdpbusd`` reduces 64 input channels per tile row (``tvm_ext.intrinsics.amx``):
+the activation must hold 64 consecutive input channels per pixel and the weight tile 16
+rows of [16 outputs][4 inputs]. So, compared with the VNNI emission of ``qnn_packed``
+(NCHW16c everywhere):
+
+* every conv writes NCHW64c (all of ResNet-50's convs have a multiple of 64 outputs),
+  so the next conv reads 64 channels per pixel; the network input is still NCHW4c (the
+  stem's 3 channels padded to 4: that conv stays with VNNI);
+* weights stay OIHW[cb/4]i16o4i, packed once at build time: with cb = 64 the 16 x 16 x 4
+  bytes of one (output block, input block, kh, kw) are one B tile (rows 64 bytes apart);
+  an output channel ``o`` of a 64-block reads weight block ``o // 16`` and lane ``o % 16``;
+* requantize, residual add, pooling and the classifier are ``qnn_packed``'s, on 64-channel
+  blocks (its per-channel constants and channel axes follow the block size).
+
+Same graph, weights and quantization parameters, hence the same NumPy reference.
+"""
+from __future__ import annotations
+
+from tvm import relax, te, tirx
+
+from .qnn_packed import Packed, PackedEmitter, pack_input
+from .qnn_vnni import K_BLOCK, OC_BLOCK, channel_block, pack_conv_weight
+
+AMX_BLOCK = 64  # channels per activation block: the 64 bytes of one tile row
+
+
+def activation_block(channels: int) -> int:
+    """NCHW[cb]c block for an AMX network's activation: 64 where the channels allow."""
+    return AMX_BLOCK if channels % AMX_BLOCK == 0 else channel_block(channels)
+
+
+def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, pad: int = 0,
+                        zp_x: int = 0, ob: int = AMX_BLOCK) -> te.Tensor:
+    """int32 accumulator of a packed uint8 x int8 conv2d, output in NCHW[ob]c.
+
+    data (N, C/cb, H, W, cb) u8, padded with ``zp_x``; weight
+    (O/16, C/cb, KH, KW, cb/4, 16, 4) i8; returns (N, O/ob, OH, OW, ob) i32.
+    """
+    n, icb, h, w, cb = (int(d) for d in data.shape)
+    o16, _, kh, kw = (int(d) for d in weight.shape[:4])
+    assert cb % K_BLOCK == 0 and tuple(int(d) for d in weight.shape[4:]) == (cb // K_BLOCK, OC_BLOCK, K_BLOCK)
+    assert (o16 * OC_BLOCK) % ob == 0 and ob % OC_BLOCK == 0, (o16, ob)
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (w + 2 * pad - kw) // stride + 1
+    if pad:
+        padded = te.compute(
+            (n, icb, h + 2 * pad, w + 2 * pad, cb),
+            lambda b, c, y, x, ci: tirx.if_then_else(
+                tirx.all(y >= pad, y < h + pad, x >= pad, x < w + pad),
+                data[b, c, y - pad, x - pad, ci],
+                tirx.const(zp_x, "uint8"),
+            ),
+            name="pad",
+        )
+    else:
+        padded = data
+    ric = te.reduce_axis((0, icb), name="ic")
+    rkh = te.reduce_axis((0, kh), name="kh")
+    rkw = te.reduce_axis((0, kw), name="kw")
+    ric4 = te.reduce_axis((0, cb // K_BLOCK), name="ic4")
+    rici = te.reduce_axis((0, K_BLOCK), name="ici")
+    per = ob // OC_BLOCK  # weight blocks per output block
+    return te.compute(
+        (n, o16 * OC_BLOCK // ob, oh, ow, ob),
+        lambda b, oc, y, x, oci: te.sum(
+            padded[b, ric, y * stride + rkh, x * stride + rkw, ric4 * K_BLOCK + rici].astype("int32")
+            * weight[oc * per + oci // OC_BLOCK, ric, rkh, rkw, ric4, oci % OC_BLOCK, rici].astype("int32"),
+            axis=[ric, rkh, rkw, ric4, rici],
+        ),
+        name="conv2d_nchwc_int8",
+    )
+
+
+class AMXEmitter(PackedEmitter):
+    """``PackedEmitter`` with 64-channel activation blocks (see the module doc)."""
+
+    def input(self, bb, var) -> Packed:
+        c = int(var.ty.shape.values[-1])
+        cb = activation_block(c)
+        return Packed(bb.emit_te(pack_input, var, cb=cb, primfunc_name_hint="layout_nchwc"), c, cb)
+
+    def _conv2d_nhwc(self, bb, x: Packed, w_hwio, *, stride, pad, zp_in) -> Packed:
+        weight = pack_conv_weight(w_hwio.transpose(3, 0, 1, 2), x.cb)  # HWIO -> OHWI -> packed
+        c_out = int(w_hwio.shape[3])
+        ob = activation_block(c_out)
+        acc = bb.emit_te(conv2d_nchwc_acc_ob, x.var, relax.const(weight), stride=stride, pad=pad,
+                         zp_x=zp_in, ob=ob, primfunc_name_hint="conv2d_nchwc")
+        return Packed(acc, c_out, ob)
+
+
+def to_relax(graph, fused: bool = True):
+    """``graph`` (a ``qnn.QuantGraph``) as a Relax module in the AMX layouts."""
+    return graph.to_relax(fused=fused, emitter=AMXEmitter())
+
+
+def build_resnet50(batch: int = 1, image: int = 224, seed: int = 0):
+    """Workload ``resnet50-int8-amx``: ResNet-50's int8 graph (``resnet50_int8.network``)
+    in the AMX layouts, same reference as ``resnet50-int8``."""
+    from .base import Workload  # pylint: disable=import-outside-toplevel
+    from .resnet50_int8 import network  # pylint: disable=import-outside-toplevel
+
+    g, inputs = network(batch, image, seed)
+    options = {"batch": batch, "image": image, "seed": seed}
+    return Workload("resnet50-int8-amx", to_relax(g), inputs, g, exact=True, options=options)
+
+
+__all__ = ["AMX_BLOCK", "AMXEmitter", "activation_block", "build_resnet50", "conv2d_nchwc_acc_ob", "to_relax"]
