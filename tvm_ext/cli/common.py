@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-WORKLOAD_HELP = "conv2d-int8, resnet50-int8, resnet50-int8-nchwc, phi2-decode or phi2-prefill"
+WORKLOAD_HELP = ("conv2d-int8, resnet50-int8, resnet50-int8-nchwc, phi2-decode, phi2-prefill, or the path of an "
+                 "int8 MODEL.onnx (see tvm-ext import; its databases are keyed by the file's content hash)")
 TARGET_HELP = ("llvm (this CPU, the default), llvm-generic, cuda, cuda-sm75, cuda-sm80, cuda-sm90, "
                "or a JSON object such as '{\"kind\": \"llvm\", \"mcpu\": \"znver4\"}'")
 
@@ -33,6 +35,8 @@ def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("--image", type=count, default=None,
                    help="image height = width (resnet50-int8[-nchwc] default 224, conv2d-int8 default 14)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
+                   help="MODEL.onnx only: static shape of a dynamic input (see tvm-ext import)")
 
 
 def workload_options(args) -> dict:
@@ -47,9 +51,23 @@ def workload_options(args) -> dict:
 def check_workload_name(name: str) -> str:
     from tvm_ext import workloads
 
+    if name.endswith(".onnx"):  # a user's int8 ONNX model (tvm-ext import)
+        if not os.path.isfile(name):
+            raise ValueError(f"{name}: no such ONNX file")
+        return name
     if name not in workloads.names():
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(workloads.names())}")
     return name
+
+
+def workload_key(name: str) -> str:
+    """The name databases are kept under: the workload's, or for an .onnx file
+    ``onnx-<stem>-<content hash>`` (two different files never share a database)."""
+    if not name.endswith(".onnx"):
+        return name
+    from tvm_ext.frontend.onnx_int8 import workload_name
+
+    return workload_name(name)
 
 
 def load_workload(args):
@@ -57,6 +75,15 @@ def load_workload(args):
     from tvm_ext import workloads
 
     check_workload_name(args.workload)
+    if args.workload.endswith(".onnx"):
+        from tvm_ext.cli.import_onnx import parse_shapes
+        from tvm_ext.frontend.onnx_int8 import import_onnx
+
+        if args.batch is not None or args.image is not None:
+            raise ValueError("--batch and --image do not apply to an .onnx model (its input shape is "
+                             "the model's, or --shape NAME=1x3x224x224)")
+        log(f"importing {args.workload} ...")
+        return import_onnx(args.workload, parse_shapes(getattr(args, "shape", [])), seed=args.seed).workload
     log(f"building {args.workload} {workload_options(args)} ...")
     return workloads.get(args.workload, **workload_options(args))
 

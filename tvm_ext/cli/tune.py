@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from tvm_ext.cli.common import add_workload_args, check_workload_name, count, log
+from tvm_ext.cli.common import add_workload_args, check_workload_name, count, log, workload_key
 
 WORK_ROOT = "tvm_ext_work"  # git-ignored; tuning_logs/ holds the committed databases
 COMMITTED_ROOT = "tuning_logs"
@@ -67,7 +67,7 @@ def run(args) -> int:
     if args.build_only:
         return run_build_only(args, target)
     runner = tuning.make_runner(args.rpc_tracker, args.rpc_key)
-    work_dir = args.work_dir or tuning.default_work_dir(args.workload, target, args.ruleset,
+    work_dir = args.work_dir or tuning.default_work_dir(workload_key(args.workload), target, args.ruleset,
                                                         root=WORK_ROOT)
     fresh = not _nonempty(work_dir)
     if not fresh:
@@ -171,7 +171,7 @@ def start_from_committed(args, target, work_dir: str, options: dict) -> None:
     from tvm_ext import tune as tuning
     from tvm_ext.targets import target_mismatch
 
-    committed = tuning.default_work_dir(args.workload, target, args.ruleset, root=COMMITTED_ROOT)
+    committed = tuning.default_work_dir(workload_key(args.workload), target, args.ruleset, root=COMMITTED_ROOT)
     if not _nonempty(committed):
         return
     try:

@@ -55,6 +55,14 @@ class Imported:
     params: int  # weight elements
 
 
+def workload_name(path: str, digest: str | None = None) -> str:
+    """``onnx-<file stem>-<first 12 hex digits of the file's sha256>``."""
+    if digest is None:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    return f"onnx-{os.path.splitext(os.path.basename(path))[0]}-{digest[:12]}"
+
+
 def load(path: str):
     """The ONNX model at ``path``; ValueError for a file that is not one (or truncated)."""
     import onnx  # pylint: disable=import-outside-toplevel
@@ -155,12 +163,11 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
     steps.output(out)
     n_in = len(graph.input_specs)
     layers = {k: (v.value.index, v.signed) for k, v in steps.layers.items() if v.value.index >= n_in}
-    base = os.path.splitext(os.path.basename(path))[0]
     options = {"onnx": os.path.basename(path), "sha256": digest, "input_shape": list(shape), "layout": layout}
-    wl = Workload(f"onnx-{base}-{digest[:12]}", graph.to_relax(), [sample], graph, exact=True, options=options)
+    wl = Workload(workload_name(path, digest), graph.to_relax(), [sample], graph, exact=True, options=options)
     params = sum(int(np.prod(c.shape)) for s in graph.steps if s.op in ("conv2d_nhwc", "dense") for c in s.consts)
     return Imported(wl, graph, dict(ops), name, shape, model.graph.output[0].name, out.q.scale, out.q.zp,
                     layers, layout, digest, params)
 
 
-__all__ = ["Imported", "import_onnx", "load", "check_supported", "input_shape", "resolve_layout"]
+__all__ = ["Imported", "import_onnx", "workload_name", "load", "check_supported", "input_shape", "resolve_layout"]

@@ -140,11 +140,13 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255
 
 
 def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
-                   lshift_a=0, lshift_b=0, channel_axes=None):
+                   lshift_a=0, lshift_b=0, frac_bits=0, channel_axes=None):
     """Residual add of two uint8 tensors, each requantized to the output scale.
 
     Per-channel constants as in :func:`requantize` (``(C,)`` on the last axis by default);
-    ``lshift_a``/``lshift_b`` multiply an input by a power of two first (scale ratios >= 1).
+    ``lshift_a``/``lshift_b`` multiply an input by a power of two first (scale ratios >= 1);
+    ``frac_bits`` keeps that many fractional bits in both terms and rounds their sum once
+    (half up), as ONNX Runtime's float QLinearAdd does, instead of rounding each term.
     """
     zp = const_scalar(zp_out)
     zero = tvm.tirx.const(0, "int32")
@@ -154,9 +156,12 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
         def at(const):
             return _per_channel(const, idx, axes)
 
-        ra = _qmsa(_shl(a(*idx).astype("int32") - int(zp_a), lshift_a), at(mult_a), zero, at(rshift_a))
-        rb = _qmsa(_shl(b(*idx).astype("int32") - int(zp_b), lshift_b), at(mult_b), zero, at(rshift_b))
-        return _clip_u8(ra + rb + zp[()], lo, hi)
+        ra = _qmsa(_shl(a(*idx).astype("int32") - int(zp_a), lshift_a + frac_bits), at(mult_a), zero, at(rshift_a))
+        rb = _qmsa(_shl(b(*idx).astype("int32") - int(zp_b), lshift_b + frac_bits), at(mult_b), zero, at(rshift_b))
+        total = ra + rb
+        if frac_bits:
+            total = tvm.tirx.shift_right(total + (1 << (frac_bits - 1)), tvm.tirx.const(frac_bits, "int32"))
+        return _clip_u8(total + zp[()], lo, hi)
 
     return te.compute(a.shape, _body, name="T_add")
 
