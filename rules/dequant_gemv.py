@@ -148,27 +148,36 @@ def _cores(target) -> int:
     return physical_cores()
 
 
+def _untuned_func(name: str, func, target):
+    """``func`` scheduled with the default decisions, or None when it does not match (or an
+    epilogue cannot follow the GEMV's tiles, e.g. one that is not elementwise over N)."""
+    pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+    if pattern is None:
+        return None
+    sch = Schedule(tvm.IRModule({name: func}))
+    sch.work_on(name)
+    split_k = wants_split_k(pattern, _cores(tvm.target.Target(target) if target is not None else None))
+    try:
+        lane_sums = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, split_k=split_k)
+        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-5])  # init before the group loop
+    except ScheduleError:
+        return None
+    return sch.mod[name]
+
+
 def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
     """Every PrimFunc of ``mod`` that ``matches`` scheduled with the default decisions (split-K
     when N is small for the target's ``num-cores``); the others unchanged."""
     out = {}
     for gv, func in mod.functions.items():
-        pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
-        if pattern is None:
-            out[gv] = func
-            continue
-        sch = Schedule(tvm.IRModule({gv: func}))
-        sch.work_on(gv.name_hint)
-        split_k = wants_split_k(pattern, _cores(tvm.target.Target(target) if target is not None else None))
-        lane_sums = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, split_k=split_k)
-        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-5])  # init before the group loop
-        out[gv] = sch.mod[gv]
+        scheduled = _untuned_func(gv.name_hint, func, target)
+        out[gv] = func if scheduled is None else scheduled
     return tvm.IRModule(out, attrs=mod.attrs)
 
 
 def matches(func) -> bool:
-    """Whether ``func`` is a dequantize-GEMV this rule schedules."""
-    return isinstance(func, tvm.tirx.PrimFunc) and match_func(func) is not None
+    """Whether ``untuned`` schedules ``func`` (a dequantize-GEMV this rule handles)."""
+    return _untuned_func("main", func, None) is not None
 
 
 @derived_object

@@ -27,6 +27,7 @@ from tvm.s_tir.stmt import SBlockRealize
 
 from tvm_ext.tir_utils import blocks_of, collect, is_param
 
+
 @dataclass
 class GemvPattern:
     """What ``match`` found. Block names are those of the analysed function."""
@@ -145,7 +146,7 @@ def _activation(expr, k_var, n_var) -> bool:
     return not any(v.same_as(k_var) or v.same_as(n_var) for v in used)
 
 
-def _dequantize_source(load, blocks, gemv, k_var, n_var):
+def _dequantize_source(load, blocks, k_var, n_var):
     """The dequantize block producing the buffer of ``load`` (``W[k, n]`` read by the GEMV), and the
     (k, n) variables its body uses in place of the GEMV's, or None."""
     writers = [b for b in blocks if any(w.source.same_as(load.source) for w in b.writes)]
@@ -187,7 +188,7 @@ def match_func(func) -> GemvPattern | None:
         return None
     deq = None
     if isinstance(weight, TensorLoad) and not is_param(func, weight.source):
-        source = _dequantize_source(weight, blocks, gemv, k_var, n_var)
+        source = _dequantize_source(weight, blocks, k_var, n_var)
         if source is None:
             return None
         deq, dk, dn = source
