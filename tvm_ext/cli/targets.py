@@ -10,7 +10,9 @@ from tvm_ext.targets import CUDA_PRESETS, describe_host, target_to_json
 def add_parser(sub) -> None:
     p = sub.add_parser("targets", help="print the detected host CPU and the target presets",
                        description="Print the host CPU that '--target llvm' is built for "
-                                   "(LLVM mcpu, vector features, physical cores) and the presets.")
+                                   "(LLVM mcpu, vector features, VNNI and AMX, physical cores) and the presets. "
+                                   "On a host whose OS shows AMX the llvm preset adds +amx-* to mattr "
+                                   "when LLVM's CPU model lacks them.")
     p.set_defaults(func=run)
 
 
