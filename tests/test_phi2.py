@@ -13,7 +13,7 @@ tvm = pytest.importorskip("tvm")
 from tvm_ext.bench import phi2 as phi2_bench  # noqa: E402
 from tvm_ext.bench import phi2_kernels as pk  # noqa: E402
 from tvm_ext.targets import cuda_target, resolve_target  # noqa: E402
-from tvm_ext.tune.database import open_database, records_of  # noqa: E402
+from tvm_ext.tune.database import best_record, open_database, record_seconds, records_of  # noqa: E402
 from tvm_ext.tune.kernels import kernel_database, measure_order, trials_to_beat, tune_kernels  # noqa: E402
 from tvm_ext.tune.runner import make_runner  # noqa: E402
 from tvm_ext.workloads import phi2  # noqa: E402
@@ -86,12 +86,15 @@ def test_metaschedule(decode, tmp_path, seeded):
     mods = {k.name: pk.normalize(k.func) for k in _small_kernels(ks)}
     db_dir = str(tmp_path / "db")
     trials = 2 + int(seeded)  # the seed record counts as one
-    if seeded:
-        dl = {n: pk.dlight_schedule(m, target) for n, m in mods.items()}
-        pk.seed_database(kernel_database(db_dir), mods, dl, target, {n: 1.0 for n in mods})  # 1 s: any tuned beats it
     # the stack's plain LocalRunner, cache flushed before each run
+    runner = make_runner(flush_cache=True)
+    if seeded:  # as the bench seeds: the dlight kernels measured by the runner that then tunes
+        dl = {n: pk.dlight_schedule(m, target) for n, m in mods.items()}
+        seed_secs = pk.runner_seconds({n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()},
+                                      target, runner)
+        pk.seed_database(kernel_database(db_dir), mods, dl, target, seed_secs)
     added = tune_kernels(mods, target, db_dir, trials, log_dir=str(tmp_path / "work"), per_iter=2,
-                         runner=make_runner(flush_cache=True))
+                         runner=runner)
     db = open_database(db_dir)
     pairs = []
     for n, m in mods.items():
@@ -102,6 +105,9 @@ def test_metaschedule(decode, tmp_path, seeded):
         best = pk.best_schedule(db, m)
         assert best is not None, n
         pairs.append((m, best))
+        if seeded:  # the best record is never slower than the dlight seed, both timed by one runner
+            assert record_seconds(best_record(db, m)) <= seed_secs[n]
+            continue
         assert trials_to_beat(db_dir, m, 1.0) in (1, 2)  # the first measured candidate beats 1 s
         assert trials_to_beat(db_dir, m, 0.0) is None  # nothing runs in no time
     # what a --from-logs bench reports as trials per kernel: the most records of any kernel
@@ -198,7 +204,7 @@ def test_rows_and_table_from_given_times():
     losses = phi2_bench._fusion_losses(rows)
     assert losses and all(len(loss["parts"]) >= 2 for loss in losses)
     assert all(loss["slower"] == (loss["fused_ms"] > loss["parts_ms"]) for loss in losses)
-    targets = phi2_bench._targets(rows, None)
+    targets = phi2_bench._targets(rows)
     assert targets["ms_over_dlight_fused"] == pytest.approx(0.5)
     assert targets["seeded_worst_kernel_vs_dlight"] == pytest.approx(1.0)
     assert targets["best_fused"] == "metaschedule" and targets["torch_bf16_over_best_fused"] is None
@@ -208,7 +214,7 @@ def test_rows_and_table_from_given_times():
     lines = format_table(result).splitlines()
     assert lines[0].startswith("phi2-decode on llvm (cpu, 2 threads), compute dtype float32 (q4f32_1)")
     names = {k.name[:44] for ks in kss.values() for k in ks.kernels}
-    # per-kernel rows: name, calls, bound, dlight, ms, seeded, dl rule, beat@ms, beat@sd
-    kernel_lines = [cells for cells in map(str.split, lines) if len(cells) == 9 and cells[0] in names]
+    # per-kernel rows: name, calls, copies, bound, hot, dlight, ms, seeded, dl rule, beat@ms, beat@seeded
+    kernel_lines = [cells for cells in map(str.split, lines) if len(cells) == 11 and cells[0] in names]
     assert len(kernel_lines) == len(kss[False].kernels) + len(kss[True].kernels)
     assert all(cells[-2:] == ["3", "-"] for cells in kernel_lines)  # beat@ms, beat@sd

@@ -1,10 +1,11 @@
-"""Phi-2 q4f16_1 kernels bench: fused vs unfused x dlight / metaschedule / seeded.
+"""Phi-2 q4f16_1 kernels bench: fused vs unfused x dlight / metaschedule / seeded (/ rule),
+with ONNX Runtime / PyTorch peers per projection.
 
 Entry point for ``tvm-ext bench phi2-decode|phi2-prefill`` (wired by the CLI):
 
     run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         out_json=None, threads=None, log=print, config="full", context=512, tokens=128,
-        tuning_dir="tuning_logs") -> dict
+        tuning_dir="tuning_logs", rounds=5, repeat=3, peers=None, schedules=None) -> dict
 
 workload    "phi2-decode" or "phi2-prefill".
 target      "llvm", "cuda", a JSON dict / Target (resolved by tvm_ext.targets when present).
@@ -15,21 +16,32 @@ build_only  build every kernel of every schedule, run nothing (the path for cuda
             nvcc compiles each kernel; metaschedule/seeded without cuda logs use a design-space
             sample / the dlight seed).  Returns {"built": n, "kernels": [...]}.
 out_json    where to write the JSON (default tuning_logs/bench-<workload>-<target kind>.json).
-threads     TVM thread-pool size (default: all cores TVM sees).
+threads     TVM (and peer) thread-pool size (default: all cores TVM sees).
+peers       ["ort", "torch"]: per projection, ORT MatMulNBits at accuracy_level 0 and 4 and
+            torch bf16/fp32 linear on the same weights (``tvm_ext.bench.phi2_peers``).
+schedules   which of SCHEDULES (+ "rule" where rules/dequant_gemv.py exists) to run; dlight
+            always runs (every other schedule is checked against it).
 
 Tuning goes through ``tvm_ext.tune`` (``tune_kernels``: the stack's builder, cache-flushing
-runner, search strategy and databases); the kernels' schedules, builds and checks are in
-``tvm_ext.bench.phi2_kernels``; the table is printed by the CLI (``tvm_ext.cli.phi2_table``).
+runner, search strategy and databases); the seeded database's dlight records are measured
+by that same runner first (``phi2_kernels.runner_seconds``), so a record ranks above the
+seed only when the runner measured it faster.  Schedules, builds and checks are in
+``phi2_kernels``; timing (DRAM-honest: weights cycled through copies exceeding the LLC)
+in ``phi2_measure``; the table is printed by the CLI (``tvm_ext.cli.phi2_table``).
 
 The returned dict (= the JSON) is
-{"workload", "target", "device", "bandwidth_gbs", "compute_dtype", "trials_per_kernel",
- "rows": [{"fusion": "on"|"off"|"n/a", "schedule": "dlight"|"metaschedule"|"seeded"|"torch-bf16",
-           "layer_ms", "head_ms", "tok_s", "bound_layer_ms", "vs_dlight_off",
-           "kernels": [{"name", "ms", "bound_ms", "calls", "part", ...}]}],
+{"workload", "target", "device": {"name", "flags"}, "llc_bytes", "llc_source",
+ "weight_copies": {kernel: C}, "bandwidth_gbs", "compute_dtype", "trials_per_kernel", "schedules",
+ "rows": [{"fusion": "on"|"off", "schedule", "layer_ms", "head_ms", "tok_s", "bound_layer_ms",
+           "vs_dlight_off", "kernels": [{"name", "ms", "bound_ms", "calls", "part", "copies",
+                                         "ms_cache_hot", "projection", ...}]}],
+ "peers": [{"peer": "ort-acc0"|"ort-acc4"|"torch-bf16"|"torch-fp32", "projection", "ms",
+            "bound_ms", "copies", "max_abs_err"}],
  "fusion_losses": [...], "targets": {...}}
-Kernel "ms" and "bound_ms" are per layer (per call x calls).  All times come from one process,
-interleaved round by round, with the CPU cache flushed before each kernel run (a real model
-streams 32 layers of weights, ~1.3 GB, through the cache).
+Kernel "ms" and "bound_ms" are per layer (per call x calls); "ms" is the DRAM figure
+(see ``phi2_measure``), "ms_cache_hot" the labelled cache-hot one; "bound_ms" = bytes the
+kernel moves / the copy bandwidth measured in the same run.  Peers' "ms" is per call.
+All times come from one process, interleaved round by round.
 """
 from __future__ import annotations
 
@@ -41,10 +53,13 @@ from collections import Counter
 import numpy as np
 import tvm_ffi
 
+from tvm_ext.bench import phi2_measure
+from tvm_ext.bench.dram import cpu_info, llc_bytes
 from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, combine,
                                         dlight_schedule, is_gpu, kernelsets, log_dir,
-                                        measure_bandwidth, nbytes, normalize, nvcc_build,
-                                        random_args, sampled_schedule, seed_database, timer, verify)
+                                        nbytes, normalize, nvcc_build, runner_seconds,
+                                        sampled_schedule, seed_database, verify)
+from tvm_ext.bench.phi2_peers import make_peers
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune.database import DB_FILES, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
@@ -56,26 +71,33 @@ N_LAYERS = 32
 
 
 # --------------------------------------------------------------------------- schedules
-def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log, dev, rng, repeat):
+def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log, schedules=SCHEDULES,
+               runner=None, builder=None):
     """For one fusion mode: {schedule: {kernel name: scheduled IRModule}}, dlight rules,
     dlight seconds, the database dirs {schedule: path}.
 
-    dlight kernels are timed here only when tuning (the seeded database starts from those
-    times); with ``from_logs`` that pass is skipped (real-size prefill: minutes) and the
-    caller compares the records with the bench's own dlight times."""
+    When tuning, the dlight kernels are first measured by the tuning ``runner`` (default:
+    the stack's cache-flushing LocalRunner; ``builder`` the stack's builder): those seconds
+    seed the seeded database and are what trials-to-beat-dlight compares with.  With
+    ``from_logs`` that pass is skipped (real-size prefill: minutes) and the caller compares
+    the records with the bench's own dlight times."""
     mods = {}
     for k in ks.kernels:
         mods.setdefault(k.name, normalize(k.func))
     dl = {name: dlight_schedule(m, target, build_validator(target)) for name, m in mods.items()}
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
+    if "rule" in schedules:
+        rule = _rule_module()
+        scheduled["rule"] = {n: (rule.untuned(m, target) if rule.matches(m["main"]) else scheduled["dlight"][n])
+                             for n, m in mods.items()}
     dl_secs, dbs = {}, {}
     tuning = not build_only and not from_logs
-    if tuning:
-        for name in mods:
-            rt = build(scheduled["dlight"][name], target)
-            args = random_args(mods[name]["main"], dev, rng)
-            dl_secs[name] = float(np.median(timer(rt, dev, repeat)(*args).results))
-    for sched in ("metaschedule", "seeded"):
+    tuned = [s for s in ("metaschedule", "seeded") if s in schedules]
+    if tuning and tuned:
+        runner = runner if runner is not None else make_runner(flush_cache=not is_gpu(target))
+        log(f"  measuring {len(mods)} dlight kernels with the tuning runner")
+        dl_secs = runner_seconds(scheduled["dlight"], target, runner, builder)
+    for sched in tuned:
         path = log_dir(tuning_dir, kind, target, ks.fusion, sched)
         if not tuning and not os.path.exists(os.path.join(path, DB_FILES[1])):
             # no database: the dlight seed, and for metaschedule a design-space sample when
@@ -96,8 +118,7 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
             if trials:
                 log(f"  tuning {len(mods)} kernels x {trials} trials -> {path}")
                 tune_kernels(mods, target, path, trials + (1 if sched == "seeded" else 0),
-                             log_dir=path + "-work", runner=make_runner(flush_cache=not is_gpu(target)),
-                             log=log)
+                             log_dir=path + "-work", runner=runner, log=log)
         db = open_database(path, read_only=not tuning)  # benching from logs never writes there
         scheduled[sched] = {}
         for name, m in mods.items():
@@ -135,9 +156,23 @@ def _trials_to_beat(dbs, ks, dl_secs, measured):
 
 
 # --------------------------------------------------------------------------- main
+def _rule_module():
+    try:
+        from tvm_ext.rules import dequant_gemv
+    except ImportError:
+        return None
+    return dequant_gemv
+
+
+def available_schedules() -> tuple:
+    """SCHEDULES, plus "rule" when the dequantize-GEMV rule (rules/dequant_gemv.py) is installed:
+    its ``untuned`` schedule for the kernels it ``matches``, dlight's for the others."""
+    return SCHEDULES + (("rule",) if _rule_module() is not None else ())
+
+
 def run(workload, target="llvm", trials=None, from_logs=False, build_only=False, out_json=None,
         threads=None, log=print, config="full", context=512, tokens=128, tuning_dir="tuning_logs",
-        rounds=5, repeat=3):
+        rounds=5, repeat=3, peers=None, schedules=None):
     """Run the bench (see the module docstring).  Returns the result dict."""
     if threads:
         os.environ["TVM_NUM_THREADS"] = str(threads)
@@ -147,8 +182,11 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         cfg_pool = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
         if cfg_pool is not None:
             cfg_pool(1, int(threads))
+    schedules = _check_schedules(schedules)
     target = resolve_target(target)
     gpu = is_gpu(target)
+    if peers and (gpu or workload != "phi2-decode"):
+        raise ValueError("--peers is for phi2-decode on llvm (the decode projections on the CPU)")
     if build_only and gpu:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     kind = workload.replace("phi2-", "")
@@ -164,34 +202,45 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     for fusion in (False, True):
         log(f"[{workload}] fusion {'on' if fusion else 'off'}: {len(kss[fusion].kernels)} kernels")
         sched[fusion], rules[fusion], dl_secs[fusion], dbs[fusion] = _schedules(
-            kss[fusion], target, kind, trials, from_logs, build_only, tuning_dir, log, dev, rng, repeat
-        )
+            kss[fusion], target, kind, trials, from_logs, build_only, tuning_dir, log, schedules)
     if from_logs:  # report what the databases hold, not the default budget
         trials = database_trials(dbs) or trials
     if build_only:
-        return _build_only(sched, rules, target, t_start, workload, log)
+        return _build_only(sched, rules, target, t_start, workload, log, schedules)
 
-    verified = _verify_dlight(wls, kss, sched, target, dev, log)
-    sec, bandwidth, bw_np = _measure(kss, sched, target, dev, rng, rounds, repeat, log)
+    threads = threads or _pool_threads()
+    llc, llc_source = llc_bytes()
+    log(f"  last-level cache {llc / 2**20:.0f} MiB ({llc_source}): weights cycled through copies >= 2x that")
+    verified = _verify(wls, kss, sched, target, dev, log, schedules)
+    cfg = wls[False]._phi2["cfg"]
+    fns, args, proj, q4 = phi2_measure.prepare(kss, sched, schedules, target, dev, rng, llc, cfg, log)
+    peer_objs = make_peers(peers or [], q4, llc, threads,
+                           lambda k: rng.uniform(-1, 1, k).astype("float32"), log)
+    peer_err = phi2_measure.check_peers(peer_objs, log)
+    sec, hot, peer_s, bandwidth, bw_np = phi2_measure.measure(fns, args, peer_objs, dev, rounds, repeat, log)
     beat = {fusion: _trials_to_beat(dbs[fusion], kss[fusion], dl_secs[fusion],
                                     {n: t for (f, s, n), t in sec.items() if f == fusion and s == "dlight"})
             for fusion in (False, True)}
     ntok = 1 if kind == "decode" else tokens
-    rows = _rows(kss, sec, bandwidth, rules, beat, verified, ntok)
-    ks_off = kss[False]
-    ks_off.cfg, ks_off.n = wls[False]._phi2["cfg"], wls[False]._phi2["n"]
-    trow = _torch_row(ks_off, threads, bandwidth * 1e9, rounds, log)
-    if trow:
-        rows.append(trow)
+    extra = {"hot": hot, "copies": {key: a.copies for key, a in args.items()}, "projection": proj}
+    if "rule" in schedules:
+        extra["rule_matched"] = {(f, k.name) for f in (False, True) for k in kss[f].kernels
+                                 if _rule_module().matches(normalize(k.func)["main"])}
+    rows = _rows(kss, sec, bandwidth, rules, beat, verified, ntok, schedules, extra)
+    peer_rows = [dict({"peer": p.name, "projection": p.projection, "ms": t * 1e3,
+                       "bound_ms": p.bytes / bandwidth / 1e6, "copies": p.copies}, **peer_err.get(i, {}))
+                 for i, (p, t) in enumerate(zip(peer_objs, peer_s))]
 
     result = {
-        "workload": workload, "target": str(target), "device": _cpu_model() if not gpu else str(dev),
-        "threads": threads or _pool_threads(), "bandwidth_gbs": bandwidth, "bandwidth_numpy_gbs": bw_np,
-        "compute_dtype": dtype, "config": config, "trials_per_kernel": trials,
-        "context": context if kind == "decode" else None, "tokens": ntok, "rows": rows,
+        "workload": workload, "target": str(target), "device": cpu_info() if not gpu else {"name": str(dev)},
+        "threads": threads, "llc_bytes": llc, "llc_source": llc_source,
+        "weight_copies": {name: c for (_, name), c in extra["copies"].items()},
+        "bandwidth_gbs": bandwidth, "bandwidth_numpy_gbs": bw_np,
+        "compute_dtype": dtype, "config": config, "trials_per_kernel": trials, "schedules": list(schedules),
+        "context": context if kind == "decode" else None, "tokens": ntok, "rows": rows, "peers": peer_rows,
     }
-    result["fusion_losses"] = _fusion_losses(rows)
-    result["targets"] = _targets(rows, trow)
+    result["fusion_losses"] = _fusion_losses(rows, schedules)
+    result["targets"] = _targets(rows, peer_rows, schedules)
     if out_json is None:
         out_json = os.path.join(tuning_dir, f"bench-{workload}-{target.kind.name}.json")
     if out_json:
@@ -202,71 +251,60 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     return result
 
 
-def _verify_dlight(wls, kss, sched, target, dev, log):
-    """dlight end to end against NumPy (one VM build per fusion mode); the metaschedule and
-    seeded kernels are checked against their dlight kernel on the timing inputs (``_measure``)."""
+def _check_schedules(schedules) -> tuple:
+    """The schedules to run, in SCHEDULES order, dlight always first; ValueError for an unknown one."""
+    known = available_schedules()
+    names = list(known) if not schedules else [s.strip() for s in schedules if s.strip()]
+    for s in names:
+        if s not in known:
+            raise ValueError(f"unknown schedule {s!r}; known here: {', '.join(known)}")
+    return tuple(s for s in known if s in names or s == "dlight")
+
+
+def _verify(wls, kss, sched, target, dev, log, schedules=SCHEDULES):
+    """dlight and rule end to end against NumPy (one VM build per fusion mode and schedule);
+    the tuned schedules' kernels are checked against their dlight kernel on the timing inputs
+    (``phi2_measure``)."""
     verified = {}
     for fusion in (False, True):
-        pairs = [(normalize(k.func), sched[fusion]["dlight"][k.name]) for k in kss[fusion].kernels]
-        ok, msg = verify(wls[fusion], pairs, target, dev)
-        log(f"  verify fusion={'on' if fusion else 'off'} dlight vs NumPy: {'ok' if ok else 'MISMATCH'} {msg}")
-        if not ok:
-            raise RuntimeError(f"phi2 dlight fusion={fusion} does not match NumPy: {msg}")
-        for s in SCHEDULES:
-            verified[(fusion, s)] = msg if s == "dlight" else "kernels match dlight"
+        for s in schedules:
+            if s not in ("dlight", "rule"):
+                verified[(fusion, s)] = "kernels match dlight"
+                continue
+            pairs = [(normalize(k.func), sched[fusion][s][k.name]) for k in kss[fusion].kernels]
+            ok, msg = verify(wls[fusion], pairs, target, dev)
+            log(f"  verify fusion={'on' if fusion else 'off'} {s} vs NumPy: {'ok' if ok else 'MISMATCH'} {msg}")
+            if not ok:
+                raise RuntimeError(f"phi2 {s} fusion={fusion} does not match NumPy: {msg}")
+            verified[(fusion, s)] = msg
     return verified
 
 
-def _measure(kss, sched, target, dev, rng, rounds, repeat, log):
-    """Median seconds {(fusion, schedule, kernel): s} of every kernel, timed interleaved round
-    by round, plus the copy bandwidth bound (GB/s) and numpy's copy bandwidth."""
-    import tvm
-
-    bw_tvm, bw_np = measure_bandwidth(dev)
-    log(f"  copy bandwidth: {bw_tvm:.1f} GB/s (TVM parallel copy), {bw_np:.1f} GB/s (numpy)")
-    timers, args = {}, {}
-    for fusion in (False, True):
-        for k in kss[fusion].kernels:
-            key = (fusion, k.name)
-            if key not in args:
-                args[key] = random_args(k.func, dev, rng)
-            outs = {}
-            for s in SCHEDULES:
-                if (fusion, s, k.name) not in timers:
-                    ex = build(sched[fusion][s][k.name], target)
-                    timers[(fusion, s, k.name)] = timer(ex, dev, repeat)
-                    a = [tvm.runtime.tensor(x.numpy(), dev) for x in args[key]]
-                    ex.jit()["main"](*a) if hasattr(ex, "jit") else ex["main"](*a)
-                    outs[s] = a[-1].numpy().astype("float64")
-            if "dlight" in outs:
-                for s in ("metaschedule", "seeded"):
-                    if s in outs and not np.allclose(outs[s], outs["dlight"], rtol=1e-3, atol=1e-3):
-                        err = float(np.max(np.abs(outs[s] - outs["dlight"])))
-                        raise RuntimeError(f"{s} kernel {k.name} (fusion={fusion}) differs from dlight: {err:.3g}")
-    samples = {key: [] for key in timers}
-    bw_samples = []
-    for r in range(rounds):
-        for key, f in timers.items():
-            samples[key].append(float(np.median(f(*args[(key[0], key[2])]).results)))
-        bw_samples.append(measure_bandwidth(dev, repeat=1)[0])
-        log(f"  round {r + 1}/{rounds} done")
-    # the bound uses the faster of the two copies (on a loaded 2-core box numpy's
-    # single-thread copy can beat TVM's 2-thread one): the stricter bound
-    bandwidth = max(float(np.median(bw_samples + [bw_tvm])), bw_np)
-    return {key: float(np.median(v)) for key, v in samples.items()}, bandwidth, bw_np
-
-
-def _rows(kss, sec, bandwidth, rules, beat, verified, ntok):
+def _rows(kss, sec, bandwidth, rules, beat, verified, ntok, schedules=SCHEDULES, extra=None):
+    """One row per fusion mode x schedule.  ``extra`` (from a measured run): {"hot":
+    {(fusion, schedule, name): cache-hot s}, "copies": {(fusion, name): C}, "projection":
+    {(fusion, name, part): projection or None}}."""
+    extra = extra or {}
+    hot, copies, proj = extra.get("hot", {}), extra.get("copies", {}), extra.get("projection", {})
     rows = []
     for fusion in (False, True):
-        for s in SCHEDULES:
+        for s in schedules:
             ks_, layer, head, bound_layer = [], 0.0, 0.0, 0.0
             for k in kss[fusion].kernels:
                 ms_ = sec[(fusion, s, k.name)] * 1e3 * k.calls
                 b = nbytes(k.func) / bandwidth / 1e6 * k.calls
                 e = {"name": k.name, "ms": ms_, "bound_ms": b, "calls": k.calls, "part": k.part}
+                if (fusion, k.name) in copies:
+                    e["copies"] = copies[(fusion, k.name)]
+                if (fusion, s, k.name) in hot:
+                    e["ms_cache_hot"] = hot[(fusion, s, k.name)] * 1e3 * k.calls
+                if proj.get((fusion, k.name, k.part)):
+                    e["projection"] = proj[(fusion, k.name, k.part)]
                 if s == "dlight":
                     e["rule"] = rules[fusion][k.name]
+                elif s == "rule":
+                    matched = (fusion, k.name) in extra.get("rule_matched", ())
+                    e["scheduled_by"] = "DequantGEMV" if matched else f"dlight {rules[fusion][k.name]}"
                 else:
                     e["trials_to_beat_dlight"] = beat[fusion].get(s, {}).get(k.name)
                 if fusion:
@@ -286,10 +324,10 @@ def _rows(kss, sec, bandwidth, rules, beat, verified, ntok):
     return rows
 
 
-def _build_only(sched, rules, target, t_start, workload, log):
+def _build_only(sched, rules, target, t_start, workload, log, schedules=SCHEDULES):
     built = []
     for fusion in (False, True):
-        for s in SCHEDULES:
+        for s in schedules:
             # one module (one nvcc call) per fusion mode and schedule kind
             batch = combine(sched[fusion][s])
             if is_gpu(target):
@@ -304,48 +342,6 @@ def _build_only(sched, rules, target, t_start, workload, log):
     return {"workload": workload, "target": str(target.kind.name), "built": len(built), "kernels": built}
 
 
-def _torch_row(ks_unfused, threads, bandwidth, rounds, log):
-    try:
-        import torch
-    except ImportError:
-        log("torch not importable: no torch-bf16 row")
-        return None
-    if threads:
-        torch.set_num_threads(threads)
-    cfg = ks_unfused.cfg
-    n = ks_unfused.n
-    d, m = cfg["hidden"], cfg["mlp"]
-    shapes = {"qkv": (d, 3 * d), "dense": (d, d), "fc1": (d, m), "fc2": (m, d)}
-    res = []
-    for name, (k, nout) in shapes.items():
-        x = torch.randn(1, n, k, dtype=torch.bfloat16)
-        w = torch.randn(nout, k, dtype=torch.bfloat16)
-        b = torch.randn(nout, dtype=torch.bfloat16)
-        torch.nn.functional.linear(x, w, b)
-        ts = []
-        for _ in range(rounds * 3):
-            t0 = time.perf_counter()
-            torch.nn.functional.linear(x, w, b)
-            ts.append(time.perf_counter() - t0)
-        ms_ = float(np.median(ts)) * 1e3
-        moved = 2 * (n * k + nout * k + nout + n * nout)
-        res.append({"name": name, "ms": ms_, "bound_ms": moved / bandwidth / 1e6, "calls": 1, "part": "layer"})
-    layer = sum(r["ms"] for r in res)
-    return {"fusion": "n/a", "schedule": "torch-bf16", "layer_ms": layer, "head_ms": None, "tok_s": None,
-            "bound_layer_ms": sum(r["bound_ms"] for r in res), "kernels": res}
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
-
-
 def _pool_threads():
     return int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1))
 
@@ -355,7 +351,7 @@ def row(rows, fusion, s):
     return next(r for r in rows if r["fusion"] == fusion and r["schedule"] == s)
 
 
-def _fusion_losses(rows):
+def _fusion_losses(rows, schedules=SCHEDULES):
     """Fused kernels slower under dlight than the sum of their unfused parts under dlight."""
     on, off = row(rows, "on", "dlight"), row(rows, "off", "dlight")
     off_ms = {}
@@ -366,27 +362,56 @@ def _fusion_losses(rows):
         if len(k["parts"]) < 2:
             continue
         parts_ms = sum(off_ms[p] for p in k["parts"]) * k["calls"]
-        ms_k = {s: next(x for x in row(rows, "on", s)["kernels"] if x["name"] == k["name"])["ms"]
-                for s in SCHEDULES}
-        out.append({"name": k["name"], "parts": k["parts"], "rule": k["rule"], "fused_ms": k["ms"],
-                    "parts_ms": parts_ms, "slower": k["ms"] > parts_ms,
-                    "metaschedule_ms": ms_k["metaschedule"], "seeded_ms": ms_k["seeded"]})
+        loss = {"name": k["name"], "parts": k["parts"], "rule": k["rule"], "fused_ms": k["ms"],
+                "parts_ms": parts_ms, "slower": k["ms"] > parts_ms}
+        for s in schedules[1:]:
+            loss[f"{s}_ms"] = next(x for x in row(rows, "on", s)["kernels"] if x["name"] == k["name"])["ms"]
+        out.append(loss)
     return out
 
 
-def _targets(rows, trow):
+def projection_table(rows, peers) -> dict:
+    """{projection: {"bound_ms", "tvm": {"<schedule> <fused|unfused>": ms per call}, "peers":
+    {peer: ms}}}: the per-projection comparison (unfused = the matmul kernel alone)."""
+    out = {}
+    for r in rows:
+        for k in r["kernels"]:
+            if "projection" not in k:
+                continue
+            p = out.setdefault(k["projection"], {"bound_ms": None, "tvm": {}, "peers": {}})
+            if r["fusion"] == "on":
+                p["bound_ms"] = k["bound_ms"] / k["calls"]
+            p["tvm"][f"{r['schedule']} {'fused' if r['fusion'] == 'on' else 'unfused'}"] = k["ms"] / k["calls"]
+    for peer in peers:
+        out.setdefault(peer["projection"], {"bound_ms": None, "tvm": {}, "peers": {}})["peers"][peer["peer"]] = peer["ms"]
+    return out
+
+
+def _targets(rows, peers=(), schedules=SCHEDULES):
     fused = [r for r in rows if r["fusion"] == "on"]
     best = min(fused, key=lambda r: r["layer_ms"])
     t = {"best_fused": best["schedule"], "best_fused_vs_bound": best["layer_ms"] / best["bound_layer_ms"]}
-    best_kind = min(SCHEDULES, key=lambda s: min(row(rows, f, s)["layer_ms"] for f in ("on", "off")))
+    best_kind = min(schedules, key=lambda s: min(row(rows, f, s)["layer_ms"] for f in ("on", "off")))
     t["best_kind"] = best_kind
     t["fused_over_unfused_best_kind"] = row(rows, "on", best_kind)["layer_ms"] / row(rows, "off", best_kind)["layer_ms"]
-    t["ms_over_dlight_fused"] = row(rows, "on", "metaschedule")["layer_ms"] / row(rows, "on", "dlight")["layer_ms"]
-    worst = 0.0
+    t["ms_over_dlight_fused"] = (row(rows, "on", "metaschedule")["layer_ms"] / row(rows, "on", "dlight")["layer_ms"]
+                                 if "metaschedule" in schedules else None)
+    worst = None
     for f in ("on", "off"):
         d = {k["name"]: k["ms"] for k in row(rows, f, "dlight")["kernels"]}
-        for k in row(rows, f, "seeded")["kernels"]:
-            worst = max(worst, k["ms"] / d[k["name"]])
+        for k in (row(rows, f, "seeded")["kernels"] if "seeded" in schedules else []):
+            worst = max(worst or 0.0, k["ms"] / d[k["name"]])
     t["seeded_worst_kernel_vs_dlight"] = worst
-    t["torch_bf16_over_best_fused"] = trow["layer_ms"] / best["layer_ms"] if trow else None
+    torch_layer = sum(p["ms"] for p in peers if p["peer"] == "torch-bf16" and p["projection"] != "lm_head")
+    t["torch_bf16_over_best_fused"] = torch_layer / best["layer_ms"] if torch_layer else None
+    # issue 19: every projection <= 1.5x its DRAM bound and <= 1.0x ORT MatMulNBits accuracy_level 0
+    t["projections"] = {}
+    for proj, p in projection_table(rows, peers).items():
+        fused_ms = {k: v for k, v in p["tvm"].items() if k.endswith(" fused")}
+        if not fused_ms or not p["bound_ms"]:
+            continue
+        name = min(fused_ms, key=fused_ms.get)
+        ort = p["peers"].get("ort-acc0")
+        t["projections"][proj] = {"best": name, "ms": fused_ms[name], "vs_bound": fused_ms[name] / p["bound_ms"],
+                                  "vs_ort_acc0": fused_ms[name] / ort if ort else None}
     return t

@@ -131,31 +131,51 @@ def sampled_schedule(mod, target, seed: int = 0):
 
 
 # --------------------------------------------------------------------------- run
-def random_args(func, dev, rng):
-    """Random device arguments for ``func``: every nibble of the packed uint32 weights random,
+def random_args(func, rng):
+    """Random NumPy arguments for ``func``: every nibble of the packed uint32 weights random,
     other integers in [0, 15], floats in [-1, 1]."""
+    return random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
+
+
+def weight_positions(ks) -> dict:
+    """{kernel name: sorted parameter positions that a decode step streams from DRAM}: the
+    weights (arguments bound to Relax constants, or computed from constants only, like the
+    unfused dequantized matrix) and the KV cache (the layer's parameters after the hidden
+    state).  The other inputs are activations the previous kernel just wrote (cache-hot)."""
     import tvm
+    from tvm import relax
 
-    arrays = random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
-    return [tvm.runtime.tensor(a, dev) for a in arrays]
+    out = {}
+    for part in ("layer", "head"):
+        func = ks.mod[part]
+        cold = set(func.params[1:])  # KV cache
+        derived = set()  # values computed from constants only
+        for block in func.body.blocks:
+            for b in block.bindings:
+                val = b.value
+                if not (isinstance(val, relax.Call) and getattr(val.op, "name", None) == "relax.call_tir"):
+                    continue
+                args = list(val.args[1].fields)
+                const = [isinstance(a, tvm.ir.expr.Constant) or a in derived for a in args]
+                if all(const):
+                    derived.add(b.var)
+                pos = out.setdefault(val.args[0].name_hint, set())
+                pos.update(i for i, (c, a) in enumerate(zip(const, args)) if c or a in cold)
+    return {name: sorted(p) for name, p in out.items()}
 
 
-def nbytes(func) -> int:
-    """Bytes of all parameters of ``func`` (what one call moves at least)."""
+def nbytes(func, positions=None) -> int:
+    """Bytes of all parameters of ``func`` (what one call moves at least), or of those at
+    ``positions``."""
     total = 0
-    for p in func.params:
+    for i, p in enumerate(func.params):
+        if positions is not None and i not in positions:
+            continue
         n = 1
         for s in p.shape:
             n *= int(s)
         total += n * np.dtype(str(p.dtype)).itemsize
     return total
-
-
-def timer(rt_mod, dev, repeat):
-    """A time evaluator of ``main``, flushing the CPU cache before each run on CPU."""
-    pre = "cache_flush_cpu_non_first_arg" if dev.dlpack_device_type() == 1 else ""
-    rt_mod = rt_mod.jit() if hasattr(rt_mod, "jit") else rt_mod
-    return rt_mod.time_evaluator("main", dev, number=1, repeat=repeat, f_preproc=pre)
 
 
 def measure_bandwidth(dev, mb=512, repeat=3):
@@ -220,9 +240,40 @@ def log_dir(tuning_dir, kind, target, fusion, schedule):
     return os.path.join(tuning_dir, f"phi2-{kind}-{tname}-{'fused' if fusion else 'unfused'}", schedule)
 
 
+def runner_seconds(mods, target, runner, builder=None) -> dict:
+    """{name: mean run seconds} of each scheduled ``{name: IRModule}``, built by the stack's
+    builder and run by ``runner``: the seconds a tuning record of it would hold when that
+    runner measured it.  RuntimeError naming the kernel if one fails to build or run."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_ext.tune.builder import make_builder
+    from tvm_ext.tune.database import mean_run_seconds
+
+    names = list(mods)
+    builder = builder if builder is not None else make_builder()
+    built = builder.build([ms.builder.BuilderInput(mods[n], target) for n in names])
+    for name, b in zip(names, built):
+        if b.error_msg:
+            raise RuntimeError(f"building {name} for the runner failed: {b.error_msg.splitlines()[0]}")
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    inputs = [ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(mods[n]["main"]))
+              for n, b in zip(names, built)]
+    out = {}
+    for name, future in zip(names, runner.run(inputs)):
+        res = future.result()
+        secs = None if res.error_msg else mean_run_seconds(res.run_secs)
+        if secs is None:
+            raise RuntimeError(f"running {name} with the tuning runner failed: {res.error_msg}")
+        out[name] = secs
+    return out
+
+
 def seed_database(db, mods, dlight, target, dlight_secs):
     """Commit the dlight schedule of each kernel as a tuning record (empty trace where dlight
-    has no rule, i.e. the unscheduled kernel), with its measured time."""
+    has no rule, i.e. the unscheduled kernel), with ``dlight_secs[name]`` as its run time.
+    The bench passes ``runner_seconds`` of the dlight kernels measured by the runner that
+    then tunes the database: a record ranks above the seed only if that same runner
+    measured it faster (a seed timed another way could rank a slower candidate first)."""
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 

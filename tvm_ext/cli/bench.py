@@ -25,7 +25,12 @@ def add_parser(sub) -> None:
                    help="reuse the committed databases in tuning_logs/ instead of tuning")
     p.add_argument("--peers", default=None,
                    help="int8: also time these runtimes on the same network in the same rounds; "
-                        "'ort' = ONNX Runtime (needs the [bench] extra)")
+                        "'ort' = ONNX Runtime (needs the [bench] extra). phi2-decode: 'ort[,torch]' "
+                        "times ORT MatMulNBits (accuracy_level 0 and 4) and torch bf16/fp32 linear "
+                        "on every projection, same q4 weights, same DRAM cycling")
+    p.add_argument("--schedules", default=None,
+                   help="phi2: comma-separated schedules to run (default all: dlight,metaschedule,seeded); "
+                        "dlight always runs")
     p.add_argument("--layers", action="store_true",
                    help="int8: also time every conv task of the first rule set's database "
                         "against one ONNX Runtime QLinearConv of the same shape")
@@ -53,10 +58,13 @@ def run(args) -> int:
     out = args.out or os.path.join(args.logs_dir, f"bench-{args.workload}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):
         from tvm_ext.bench import phi2 as phi2_bench
+        from tvm_ext.bench.phi2_peers import parse as parse_phi2_peers
 
+        peers = parse_phi2_peers(args.peers)
+        schedules = args.schedules.split(",") if args.schedules else None
         result = phi2_bench.run(args.workload, target=target, trials=args.trials,
                                 from_logs=args.from_logs, build_only=args.build_only, out_json=out,
-                                log=log, config=args.config,
+                                log=log, config=args.config, peers=peers, schedules=schedules,
                                 **({} if args.rounds is None else {"rounds": args.rounds}))
         from tvm_ext.cli.phi2_table import format_table
 

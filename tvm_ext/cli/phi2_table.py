@@ -1,51 +1,93 @@
 """The text tables of a Phi-2 bench result (``tvm_ext.bench.phi2.run``'s dict)."""
 from __future__ import annotations
 
-from tvm_ext.bench.phi2 import SCHEDULES, row
+from tvm_ext.bench.phi2 import SCHEDULES, projection_table, row
 from tvm_ext.cli.table import render
 
 NAME_WIDTH = 44
+SHORT = {"dlight": "dlight", "metaschedule": "ms", "seeded": "seeded", "rule": "rule"}
 
 
 def _f(value, spec: str):
     return None if value is None else format(value, spec)
 
 
+def _device(res: dict) -> str:
+    dev = res["device"]
+    if isinstance(dev, str):
+        return dev
+    flags = " ".join(dev.get("flags", []))
+    return dev["name"] + (f" [{flags}]" if flags else "")
+
+
 def format_table(res: dict) -> str:
     """Rows per fusion mode x schedule, per-kernel times with trials-to-beat-dlight, the
-    fused kernels against their unfused parts, and the targets."""
+    per-projection comparison with the peers, the fused kernels against their unfused parts,
+    and the targets."""
+    schedules = tuple(res.get("schedules", SCHEDULES))
     q4 = "q4f32_1" if res["compute_dtype"] == "float32" else "q4f16_1"
-    lines = [f"{res['workload']} on {res['target']} ({res['device']}, {res['threads']} threads), "
+    llc = res.get("llc_bytes")
+    lines = [f"{res['workload']} on {res['target']} ({_device(res)}, {res['threads']} threads), "
              f"compute dtype {res['compute_dtype']} ({q4}), {res['trials_per_kernel']} trials/kernel, "
-             f"copy bandwidth {res['bandwidth_gbs']:.1f} GB/s"]
+             f"copy bandwidth {res['bandwidth_gbs']:.1f} GB/s"
+             + (f", LLC {llc / 2**20:.0f} MiB: weights cycled through copies >= 2x LLC (DRAM figures)"
+                if llc else "")]
     body = [[r["fusion"], r["schedule"], f"{r['layer_ms']:.3f}", f"{r['bound_layer_ms']:.3f}",
              f"{r['layer_ms'] / r['bound_layer_ms']:.2f}", _f(r.get("vs_dlight_off"), ".2f"),
              _f(r["head_ms"], ".3f"), _f(r["tok_s"], ".2f")] for r in res["rows"]]
     lines.append(render(["fusion", "schedule", "layer ms", "bound ms", "x bound", "vs dl-off", "head ms",
                          "tok/s(32L)"], body, "<<>>>>>>"))
-    lines += ["", "per kernel (ms per layer; bound = bytes moved / copy bandwidth; beat@ = trials until "
-                  "one beat dlight, '-' = none or not known):"]
+    lines += ["", "per kernel (ms per layer, DRAM; bound = bytes moved / copy bandwidth; hot = dlight cache-hot; "
+                  "C = weight copies; beat@ = trials until one beat dlight, '-' = none or not known):"]
+    later = schedules[1:]
+    tuned = [s for s in later if s in ("metaschedule", "seeded")]
     for fusion in ("off", "on"):
-        rs = {s: row(res["rows"], fusion, s) for s in SCHEDULES}
+        rs = {s: row(res["rows"], fusion, s) for s in schedules}
         body = []
-        for k, m, s in zip(rs["dlight"]["kernels"], rs["metaschedule"]["kernels"], rs["seeded"]["kernels"]):
-            body.append([k["name"][:NAME_WIDTH], k["calls"], f"{k['bound_ms']:.3f}", f"{k['ms']:.3f}",
-                         f"{m['ms']:.3f}", f"{s['ms']:.3f}", k["rule"], m.get("trials_to_beat_dlight"),
-                         s.get("trials_to_beat_dlight")])
-        lines += [f"fusion {fusion}:", render(["kernel", "calls", "bound", "dlight", "ms", "seeded", "dl rule",
-                                               "beat@ms", "beat@sd"], body, "<>>>>>>>>"), ""]
+        for i, k in enumerate(rs["dlight"]["kernels"]):
+            others = [rs[s]["kernels"][i] for s in later]
+            body.append([k["name"][:NAME_WIDTH], k["calls"], k.get("copies"), f"{k['bound_ms']:.3f}",
+                         _f(k.get("ms_cache_hot"), ".3f"), f"{k['ms']:.3f}"] + [f"{o['ms']:.3f}" for o in others]
+                        + [k["rule"]] + [rs[s]["kernels"][i].get("trials_to_beat_dlight") for s in tuned])
+        header = (["kernel", "calls", "C", "bound", "hot", "dlight"] + [SHORT.get(s, s) for s in later] + ["dl rule"]
+                  + [f"beat@{SHORT.get(s, s)}" for s in tuned])
+        lines += [f"fusion {fusion}:", render(header, body, "<" + ">" * (len(header) - 1)), ""]
+    lines += _projection_lines(res)
     lines.append("fused kernels vs their unfused parts under dlight (the user's question):")
     for loss in res["fusion_losses"]:
         verdict = "SLOWER" if loss["slower"] else "faster"
+        rest = "".join(f", {s} {loss[f'{s}_ms']:.3f}" for s in later if f"{s}_ms" in loss)
         lines.append(f"  {loss['name'][:46]:46} fused {loss['fused_ms']:8.3f} vs parts {loss['parts_ms']:8.3f} ms: "
-                     f"{verdict}; dlight rule {loss['rule']}; metaschedule {loss['metaschedule_ms']:.3f}, "
-                     f"seeded {loss['seeded_ms']:.3f}")
+                     f"{verdict}; dlight rule {loss['rule']}{rest}")
     t = res["targets"]
-    torch_ratio = _f(t["torch_bf16_over_best_fused"], ".2f")
     lines.append("")
     lines.append(f"targets: best fused ({t['best_fused']}) = {t['best_fused_vs_bound']:.2f}x bound (<=1.5, stretch 1.2); "
                  f"fused/unfused for best kind ({t['best_kind']}) = {t['fused_over_unfused_best_kind']:.2f} (<=1); "
-                 f"metaschedule/dlight fused = {t['ms_over_dlight_fused']:.2f} (<=1); "
-                 f"seeded worst kernel/dlight = {t['seeded_worst_kernel_vs_dlight']:.2f} (<=1); "
-                 f"torch-bf16/best fused = {torch_ratio} (>=3)")
+                 f"metaschedule/dlight fused = {_f(t['ms_over_dlight_fused'], '.2f')} (<=1); "
+                 f"seeded worst kernel/dlight = {_f(t['seeded_worst_kernel_vs_dlight'], '.2f')} (<=1); "
+                 f"torch-bf16/best fused = {_f(t['torch_bf16_over_best_fused'], '.2f')} (>=3)")
+    for proj, p in t.get("projections", {}).items():
+        lines.append(f"  {proj}: best {p['best']} = {p['vs_bound']:.2f}x bound (<=1.5), "
+                     f"{_f(p['vs_ort_acc0'], '.2f')}x ort-acc0 (<=1.0)")
     return "\n".join(lines)
+
+
+def _projection_lines(res: dict) -> list:
+    """Per projection: each tvm row's kernel and each peer, ms per call, x its bound, / ort-acc0."""
+    table = projection_table(res["rows"], res.get("peers", []))
+    if not table:
+        return []
+    bounds = {(p["peer"], p["projection"]): p["bound_ms"] for p in res.get("peers", [])}
+    body = []
+    for proj, p in table.items():
+        ort = p["peers"].get("ort-acc0")
+        entries = [(name, ms, p["bound_ms"]) for name, ms in p["tvm"].items()]
+        entries += [(peer, ms, bounds.get((peer, proj))) for peer, ms in p["peers"].items()]
+        if body:
+            body.append(None)
+        for name, ms, bound in entries:
+            body.append([proj, name, f"{ms:.3f}", _f(bound, ".3f"), _f(ms / bound if bound else None, ".2f"),
+                         _f(ms / ort if ort else None, ".2f")])
+    return ["per projection (ms per call, DRAM; unfused = the matmul alone on float weights; a peer's bound "
+            "counts its own bytes):",
+            render(["proj", "source", "ms", "bound", "x bound", "/ort-acc0"], body, "<<>>>>"), ""]

@@ -1,0 +1,277 @@
+"""Phi-2 decode bench, issue 19: DRAM-honest measurement (LLC size from the OS, weight copies
+exceeding it), ORT MatMulNBits peers on our exact q4 weights, the JSON fields and table,
+and the seeded database's dlight records measured by the tuning runner.  No test asserts a
+timing."""
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm_ext.bench import dram  # noqa: E402
+from tvm_ext.bench import phi2 as phi2_bench  # noqa: E402
+from tvm_ext.bench import phi2_kernels as pk  # noqa: E402
+from tvm_ext.bench import phi2_measure as pm  # noqa: E402
+from tvm_ext.bench import phi2_peers as pp  # noqa: E402
+from tvm_ext.targets import resolve_target  # noqa: E402
+from tvm_ext.workloads import phi2  # noqa: E402
+
+CTX = 16
+CFG = phi2.CONFIGS["reduced"]
+
+
+@pytest.fixture(scope="module")
+def fused():
+    wl = phi2.build_decode(context=CTX, config="reduced", fusion=True)
+    ks = phi2.kernels(wl)
+    return ks, pk.weight_positions(ks)
+
+
+# ----------------------------------------------------------------------------- LLC and copies
+def _fake_cache(root, caches):
+    for i, (level, kind, size) in enumerate(caches):
+        d = root / "cpu0" / "cache" / f"index{i}"
+        d.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{value}\n")
+
+
+def test_llc_read_from_sysfs(tmp_path):
+    _fake_cache(tmp_path, [(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "512K"),
+                           (3, "Unified", "32768K")])
+    assert dram.llc_bytes(str(tmp_path)) == (32 * 2**20, "sysfs")
+    other = tmp_path / "l2only"
+    _fake_cache(other, [(1, "Data", "48K"), (2, "Unified", "2M"), (2, "Instruction", "8M")])
+    assert dram.llc_bytes(str(other)) == (2 * 2**20, "sysfs")  # instruction caches do not count
+
+
+def test_llc_falls_back_when_sysfs_is_missing(tmp_path):
+    llc, source = dram.llc_bytes(str(tmp_path / "none"))
+    assert source in ("lscpu", "getconf", "default") and llc > 0
+
+
+def test_parse_size():
+    assert [dram.parse_size(t) for t in ("32768K", "32M", "32 MiB", "1024", "1.5 MiB")] == \
+        [2**25, 2**25, 2**25, 1024, 3 * 2**19]
+    assert dram.parse_size("lots") is None
+
+
+@pytest.mark.parametrize("nbytes", [1, 150_000, 11 * 2**20, 40 * 2**20, 70 * 2**20])
+def test_copies_exceed_twice_the_llc(nbytes):
+    llc = 32 * 2**20
+    c = dram.copies_for(nbytes, llc)
+    assert c * nbytes >= 2 * llc
+    assert c == 1 or (c - 1) * nbytes < 2 * llc  # no more than needed
+
+
+def test_cpu_info_names_the_cpu():
+    info = dram.cpu_info()
+    assert info["name"] and all(f.startswith(dram.FLAG_PREFIXES) for f in info["flags"])
+
+
+# ----------------------------------------------------------------------------- weights and projections
+def test_weight_positions_and_projections(fused):
+    ks, positions = fused
+    found = {}
+    for k in ks.kernels:
+        names = [k.func.params[i].name for i in positions[k.name]]
+        proj = pp.projection_of(k.name, k.func, k.part, CFG, positions[k.name])
+        if proj:
+            found[proj] = k.name
+            assert [str(k.func.params[i].dtype) for i in positions[k.name]] == ["uint32", "float16", "float32"]
+        elif "concatenate" in k.name:
+            assert names and all("cache" in n for n in names)  # the KV cache streams too
+        elif k.name in ("rope", "softmax", "attn_score", "attn_value"):
+            assert names == []  # activations only
+    assert set(found) == set(pp.PROJECTIONS)
+    assert "gelu" in found["fc1"] and found["lm_head"] != found["fc1"]  # same shape, told apart by part
+    unfused = phi2.kernels(phi2.build_decode(context=CTX, config="reduced", fusion=False))
+    upos = pk.weight_positions(unfused)
+    uproj = {pp.projection_of(k.name, k.func, k.part, CFG, upos[k.name]) for k in unfused.kernels}
+    assert uproj - {None} == set(pp.PROJECTIONS)  # the matmuls on the dequantized (constant-derived) matrix
+
+
+def test_kernel_copies_are_distinct_and_exceed_llc(fused):
+    ks, positions = fused
+    k = next(k for k in ks.kernels if "dequantize1_matmul2" in k.name)  # o projection
+    llc = 2**20
+    a = pm.KernelArgs(k, positions[k.name], llc, tvm.cpu(0), np.random.default_rng(0))
+    assert a.copies * a.weight_bytes >= 2 * llc and a.copies > 1
+    first, second = a.sets[0], a.sets[1]
+    for i in range(len(first)):
+        if i in positions[k.name]:
+            assert first[i] is not second[i]
+            np.testing.assert_array_equal(np.roll(first[i].numpy(), 1, axis=0), second[i].numpy())
+        else:
+            assert first[i] is second[i]  # activations shared
+    window = a.next_sets(a.copies - 1) + a.next_sets(2)
+    assert window[-1] is a.sets[0]  # the cycle wraps
+
+
+# ----------------------------------------------------------------------------- ORT on identical weights
+def test_ort_peer_on_our_weights_matches_numpy(fused):
+    """Each projection's ORT node (accuracy_level 0) runs on the weight arrays our fused kernel
+    is called with (found among its arguments) and gives NumPy's dequantized GEMV + bias; the
+    TVM kernels are checked against NumPy by the bench (``verify``) and tests/test_phi2.py."""
+    pytest.importorskip("onnxruntime")
+    ks, positions = fused
+    rng = np.random.default_rng(1)
+    checked = set()
+    for k in ks.kernels:
+        proj = pp.projection_of(k.name, k.func, k.part, CFG, positions[k.name])
+        if proj is None:
+            continue
+        base = pk.random_args(k.func, rng)
+        packed, scale, bias = pp.q4_weights([base[i] for i in positions[k.name]])
+        x = next(a for i, a in enumerate(base[:-1]) if i not in positions[k.name])
+        peer = pp.OrtPeer(proj, (packed, scale, bias), 2**20, 0, 2, x)
+        assert peer.copies * peer.bytes >= 2 * 2**20 and peer.copies > 1
+        ref = pp.reference(x, packed, scale, bias)
+        np.testing.assert_allclose(peer.output(), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+        checked.add(proj)
+    assert checked == set(pp.PROJECTIONS)
+
+
+def test_matmulnbits_layout():
+    """Our word w holds K elements 8w..8w+7, low nibble first; ORT's byte b of block g holds
+    elements 32g+2b (low) and 32g+2b+1 (high); zero point 7 in both nibbles."""
+    n, k = 3, 64
+    q = np.arange(n * k).reshape(n, k) % 16
+    packed = np.zeros((n, k // 8), np.uint32)
+    for j in range(8):
+        packed |= q[:, j::8].astype(np.uint32) << np.uint32(4 * j)
+    b, s, zp = pp.to_matmulnbits(packed, np.ones((n, k // 32), "float16"))
+    assert b.shape == (n, 2, 16) and s.shape == (n * 2,) and zp.tolist() == [0x77] * n
+    np.testing.assert_array_equal(b & 15, q.reshape(n, 2, 16, 2)[..., 0])
+    np.testing.assert_array_equal(b >> 4, q.reshape(n, 2, 16, 2)[..., 1])
+
+
+def test_parse_peers():
+    assert pp.parse("ort, torch") == ["ort", "torch"] and pp.parse(None) == []
+    with pytest.raises(ValueError, match="unknown phi2 peer 'tensorrt'"):
+        pp.parse("ort,tensorrt")
+
+
+def test_peers_only_for_decode_on_llvm():
+    with pytest.raises(ValueError, match="--peers is for phi2-decode"):
+        phi2_bench.run("phi2-prefill", peers=["ort"], config="reduced", out_json="")
+
+
+def test_unknown_schedule_is_refused():
+    with pytest.raises(ValueError, match="unknown schedule 'fast'"):
+        phi2_bench.run("phi2-decode", schedules=["dlight", "fast"], config="reduced", out_json="")
+
+
+# ----------------------------------------------------------------------------- seeded database
+def test_seed_run_secs_come_from_the_tuning_runner(tmp_path, fused):
+    """The seeded database's dlight records hold what the runner handed to ``_schedules``
+    measured (the runner that then tunes), not a time taken another way."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_ext.tune.database import open_database, records_of
+
+    @derived_object
+    class FakeBuilder(ms.builder.PyBuilder):
+        def build(self, build_inputs):
+            return [ms.builder.BuilderResult("artifact", None) for _ in build_inputs]
+
+    @derived_object
+    class SpyRunner(ms.runner.PyRunner):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def run(self, runner_inputs):
+            self.calls += 1
+            return [ms.runner.LocalRunnerFuture([1e-3 * (i + 1)] * 3) for i in range(len(runner_inputs))]
+
+    ks, _ = fused
+    ks = SimpleNamespace(kernels=ks.kernels[:3], fusion=ks.fusion)  # LayerNorm, qkv, rope: enough
+    spy = SpyRunner()
+    target = resolve_target("llvm")
+    sched, _, dl_secs, dbs = phi2_bench._schedules(ks, target, "decode", 0, False, False, str(tmp_path), print,
+                                                    ("dlight", "seeded"), runner=spy, builder=FakeBuilder())
+    names = list(dict.fromkeys(k.name for k in ks.kernels))
+    assert spy.calls == 1 and dl_secs == {n: pytest.approx(1e-3 * (i + 1)) for i, n in enumerate(names)}
+    db = open_database(dbs["seeded"])
+    for i, name in enumerate(names):
+        (record,) = records_of(db, pk.normalize(next(k.func for k in ks.kernels if k.name == name)))
+        assert [float(s) for s in record.run_secs] == [pytest.approx(1e-3 * (i + 1))]
+
+
+# ----------------------------------------------------------------------------- JSON and table
+def _given_result():
+    """A result dict from made-up kernel and peer times (the arithmetic, not a measurement)."""
+    _, kss = pk.kernelsets("phi2-decode", "reduced", CTX, 8, "float32")
+    sec, rules, beat, verified, proj, hot, copies = {}, {}, {}, {}, {}, {}, {}
+    schedules = ("dlight", "seeded")
+    for fusion in (False, True):
+        positions = pk.weight_positions(kss[fusion])
+        rules[fusion] = {k.name: "GEMV" for k in kss[fusion].kernels}
+        beat[fusion] = {"seeded": {}}
+        for i, k in enumerate(kss[fusion].kernels):
+            proj[(fusion, k.name, k.part)] = pp.projection_of(k.name, k.func, k.part, CFG, positions[k.name])
+            copies[(fusion, k.name)] = dram.copies_for(pk.nbytes(k.func, positions[k.name]), 2**25)
+            for s in schedules:
+                sec[(fusion, s, k.name)] = 1e-4 * (i + 1)
+                hot[(fusion, s, k.name)] = 0.5e-4 * (i + 1)
+        for s in schedules:
+            verified[(fusion, s)] = "ok"
+    extra = {"hot": hot, "copies": copies, "projection": proj}
+    rows = phi2_bench._rows(kss, sec, 10.0, rules, beat, verified, 1, schedules, extra)
+    peers = [{"peer": f"ort-acc{a}", "projection": p, "ms": 0.05 * (1 + a), "bound_ms": 0.01, "copies": 4}
+             for p in pp.PROJECTIONS for a in (0, 4)]
+    return {"workload": "phi2-decode", "target": "llvm", "device": dram.cpu_info(), "threads": 2,
+            "llc_bytes": 2**25, "bandwidth_gbs": 10.0, "compute_dtype": "float32", "trials_per_kernel": 0,
+            "schedules": list(schedules), "rows": rows, "peers": peers,
+            "fusion_losses": phi2_bench._fusion_losses(rows, schedules),
+            "targets": phi2_bench._targets(rows, peers, schedules)}
+
+
+def test_json_fields_and_projection_table():
+    from tvm_ext.cli.phi2_table import format_table
+
+    res = _given_result()
+    for r in res["rows"]:
+        projs = [k["projection"] for k in r["kernels"] if "projection" in k]
+        assert sorted(projs) == sorted(pp.PROJECTIONS)
+        assert all("ms_cache_hot" in k and k["copies"] >= 1 for k in r["kernels"])
+    t = res["targets"]["projections"]
+    assert set(t) == set(pp.PROJECTIONS)
+    fused = phi2_bench.row(res["rows"], "on", "dlight")
+    qkv = next(k for k in fused["kernels"] if k.get("projection") == "qkv")
+    assert t["qkv"]["vs_ort_acc0"] == pytest.approx(qkv["ms"] / 0.05)
+    assert t["qkv"]["vs_bound"] == pytest.approx(qkv["ms"] / qkv["bound_ms"])
+    assert res["targets"]["ms_over_dlight_fused"] is None  # no metaschedule row in this run
+    text = format_table(res)
+    assert "per projection" in text
+    lines = [line.split() for line in text.splitlines()]
+    ort4 = [c for c in lines if len(c) == 6 and c[1] == "ort-acc4"]
+    assert len(ort4) == 5 and all(c[-1] == "5.00" for c in ort4)  # ratio vs ort-acc0
+
+
+@pytest.mark.slow  # a whole reduced bench through the CLI: builds every kernel (~2-4 min on 2 cores)
+def test_cli_reduced_run_with_ort_peers(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    from tvm_ext.cli.main import main
+
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "phi2-decode", "--config", "reduced", "--trials", "0", "--schedules", "dlight",
+               "--peers", "ort", "--rounds", "1", "--logs-dir", str(tmp_path), "--out", str(out)])
+    assert rc == 0 and os.path.exists(out)
+    res = json.loads(out.read_text())
+    assert res["llc_bytes"] > 0 and res["device"]["name"] and res["schedules"] == ["dlight"]
+    assert {(p["peer"], p["projection"]) for p in res["peers"]} == \
+        {(f"ort-acc{a}", p) for p in pp.PROJECTIONS for a in (0, 4)}
+    for p in res["peers"]:
+        assert p["copies"] >= 1 and p["bound_ms"] > 0
+        if p["peer"] == "ort-acc0":  # same weights: rounding only
+            assert p["max_abs_err"] <= 1e-4 * p["max_abs_ref"]
+    for r in res["rows"]:
+        assert sorted(k["projection"] for k in r["kernels"] if "projection" in k) == sorted(pp.PROJECTIONS)
+    assert all(res["weight_copies"][k["name"]] == k["copies"] for r in res["rows"] for k in r["kernels"])
+    assert "per projection" in capsys.readouterr().out
