@@ -76,8 +76,7 @@ def load_workload(args):
 
     check_workload_name(args.workload)
     if args.workload.endswith(".onnx"):
-        from tvm_ext.cli.import_onnx import parse_shapes
-        from tvm_ext.frontend.onnx_int8 import import_onnx
+        from tvm_ext.frontend.onnx_int8 import import_onnx, parse_shapes
 
         if args.batch is not None or args.image is not None:
             raise ValueError("--batch and --image do not apply to an .onnx model (its input shape is "

@@ -30,20 +30,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_shapes(items) -> dict:
-    shapes = {}
-    for item in items:
-        name, sep, dims = item.rpartition("=")
-        try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            shape = ()
-        if not sep or not name or not shape or min(shape) < 1:
-            raise ValueError(f"--shape {item!r}: expected NAME=1x3x224x224")
-        shapes[name] = shape
-    return shapes
-
-
 def ort_outputs(path: str, imported, inputs, layers: bool = False) -> list[dict]:
     """ORT's outputs on ``inputs`` (name -> array); with ``layers`` every imported
     integer tensor of the model is an output too."""
@@ -125,7 +111,7 @@ def run(args) -> int:
     import os
 
     from tvm_ext.cli.common import resolve_target
-    from tvm_ext.frontend.onnx_int8 import import_onnx
+    from tvm_ext.frontend.onnx_int8 import import_onnx, parse_shapes
 
     shapes = parse_shapes(args.shape)
     if args.images < 1:

@@ -103,6 +103,21 @@ def check_supported(model) -> Counter:
     return ops
 
 
+def parse_shapes(items) -> dict:
+    """``["NAME=1x3x224x224", ...]`` (the --shape arguments) as {NAME: shape}."""
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or min(shape) < 1:
+            raise ValueError(f"--shape {item!r}: expected NAME=1x3x224x224")
+        shapes[name] = shape
+    return shapes
+
+
 def input_shape(model, shapes: dict | None) -> tuple[str, tuple]:
     """Name and static shape of the one float input; ``shapes`` overrides, required for dynamic dims."""
     inits = {i.name for i in model.graph.initializer}
@@ -170,4 +185,4 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
                     layers, layout, digest, params)
 
 
-__all__ = ["Imported", "import_onnx", "workload_name", "load", "check_supported", "input_shape", "resolve_layout"]
+__all__ = ["Imported", "import_onnx", "workload_name", "parse_shapes", "load", "check_supported", "input_shape", "resolve_layout"]
