@@ -13,11 +13,13 @@ bound in the committed bench) and dlight's CPU GEMV vectorizes across N, which g
 from N different rows. This rule builds, for the whole function:
 
 * the dequantize inlined into the GEMV, the epilogues inlined into the last one;
-* N split into ``n_o`` (parallel) x ``rows`` (unrolled: rows share each activation load);
+* N split into ``n_o`` (parallel) x ``rows``; each row is walked to the end before the next,
+  so a thread reads the packed weights in memory order (one prefetchable stream; interleaving
+  the rows of a tile to share activation loads measured 1.4x slower from DRAM here);
 * K walked in whole quantization groups ``g`` (one scale load per row and group), each group
-  split into ``sums`` partial sums per row (an rfactor: independent accumulators kept in
-  registers), each 8 lanes (one packed word: broadcast, shift by the lane vector, mask,
-  convert, subtract 7, multiply by the scale, FMA) vectorized, the words unrolled;
+  split into ``sums`` partial sums per row (an rfactor: 2 or 4 independent accumulators of 8
+  lanes kept in registers), one packed word per 8 lanes (broadcast, shift by the lane vector,
+  mask, convert, subtract 7, multiply by the scale, FMA), vectorized, the words unrolled;
 * the partial sums added, then the epilogue, computed per ``n_o`` tile (one loop nest,
   output written once);
 * split-K when N is small (fewer than ``MIN_TILES_PER_CORE`` tiles per core): K is cut into
@@ -27,8 +29,8 @@ from N different rows. This rule builds, for the whole function:
 
 ``rows``, ``sums`` and ``splits`` are sampled decisions (candidates that divide N, the group,
 the number of groups; defaults ``DEFAULT_ROWS`` / ``DEFAULT_SUMS`` / ``DEFAULT_SPLITS``).
-Blocks it scheduled are annotated ``schedule_rule: "None"`` so that later rules leave them alone. Anything that does not match is
-returned unchanged, for TVM's other rules.
+Blocks it scheduled are annotated ``schedule_rule: "None"`` so that later rules leave them
+alone. Anything that does not match is returned unchanged, for TVM's other rules.
 
 ``untuned(mod, target)`` applies the default decisions to every matching PrimFunc of a module
 without tuning (like dlight) and leaves the others unchanged; ``matches(func)`` says which.
@@ -45,10 +47,11 @@ from tvm_ext.gemv_pattern import GemvPattern, match, match_func
 
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
 # change the loop count of the lane-sum block between draws, which a trace replay cannot follow
-SUMS = (8, 16, 32)  # partial sums per row (independent accumulators), one word = 8 lanes each
+SUMS = (16, 32)  # partial sums per row: 2 or 4 independent accumulators of 8 lanes (one word
+# each); with one (8 sums) every FMA of a row waits for the previous one: 1.7x slower here
 SPLITS = (2, 4, 8)  # K chunks computed in parallel (split-K) when N is small
 DEFAULT_ROWS = 4
-DEFAULT_SUMS = 8
+DEFAULT_SUMS = 32
 DEFAULT_SPLITS = 4
 MIN_TILES_PER_CORE = 4  # below this many N tiles per core, split K as well
 SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
@@ -105,7 +108,7 @@ def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annota
         part = sch.rfactor(k_p, factor_axis=0)  # [splits, .., n, sums], summed by ``rf``
         *_, n_o, n_i, k_p, g, w, k_s = sch.get_loops(part)
         k_u, k_i = sch.split(k_s, [None, pattern.pack])
-        sch.reorder(n_o, k_p, g, n_i, w, k_u, k_i)
+        sch.reorder(n_o, k_p, n_i, g, w, k_u, k_i)
         sch.parallel(sch.fuse(n_o, k_p))
         lane_sums, tile = part, sch.get_loops(rf)[-4]  # rf: [.., n_o, n_i, k_p, sums]
         sch.set_scope(rf, 0, "local")
@@ -113,14 +116,14 @@ def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annota
     else:
         *_, n_o, n_i, g, w, k_s = sch.get_loops(rf)
         k_u, k_i = sch.split(k_s, [None, pattern.pack])
-        sch.reorder(n_o, g, n_i, w, k_u, k_i)
+        sch.reorder(n_o, n_i, g, w, k_u, k_i)
         sch.set_scope(rf, 0, "local")
         lane_sums, tile = rf, n_o
         sch.parallel(n_o)
     sch.vectorize(k_i)
     sch.unroll(k_u)
     sch.unroll(w)
-    sch.unroll(n_i)
+    sch.unroll(n_i)  # constant indices into the partial sums, which LLVM then keeps in registers
     sch.reverse_compute_at(block, tile)
     red_k, red_n = sch.get_loops(block)[-2:]
     sch.reorder(red_n, red_k)
@@ -159,7 +162,7 @@ def _untuned_func(name: str, func, target):
     split_k = wants_split_k(pattern, _cores(tvm.target.Target(target) if target is not None else None))
     try:
         lane_sums = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, split_k=split_k)
-        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-5])  # init before the group loop
+        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-4])  # init before the group loop
     except ScheduleError:
         return None
     return sch.mod[name]

@@ -217,36 +217,36 @@ def _gemv_q4_n16(p: T.Buffer((16, 8), "uint32"), s: T.Buffer((16, 2), "float16")
 @T.prim_func(s_tir=True)
 def _gemv_q4_n16_untuned(p: T.Buffer((16, 8), "uint32"), s: T.Buffer((16, 2), "float16"),
                          x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 16), "float32")):
-    # dequantize inlined; N = 4 parallel tiles x 4 unrolled rows; K = 2 groups x 4 words x 8 lanes
-    y_rf_local = T.sblock_alloc_buffer((1, 16, 8), scope="local")
+    # dequantize inlined; N = 4 parallel tiles x 4 rows, each row walked to the end;
+    # K = 2 groups x 1 step x (4 accumulators x 8 lanes): 32 partial sums per row
+    y_rf_local = T.sblock_alloc_buffer((1, 16, 32), scope="local")
     for i in range(1):
         for j_0 in T.parallel(4):
-            for j_1_init in T.unroll(4):
-                for k_1_1_0_init in T.unroll(1):  # 8 partial sums per row: 1 vector of 8 lanes
+            for j_1 in T.unroll(4):
+                for k_1_1_0_init in T.unroll(4):
                     for k_1_1_1_init in T.vectorized(8):
                         with T.sblock("gemv_rf_init"):
-                            vk_1_1 = T.axis.spatial(8, k_1_1_0_init * 8 + k_1_1_1_init)
+                            vk_1_1 = T.axis.spatial(32, k_1_1_0_init * 8 + k_1_1_1_init)
                             vi = T.axis.spatial(1, i)
-                            vj = T.axis.spatial(16, j_0 * 4 + j_1_init)
+                            vj = T.axis.spatial(16, j_0 * 4 + j_1)
                             y_rf_local[vi, vj, vk_1_1] = T.float32(0.0)
-            for k_0 in range(2):
-                for j_1 in T.unroll(4):
-                    for k_1_0 in T.unroll(4):
-                        for k_1_1_0 in T.unroll(1):
+                for k_0 in range(2):
+                    for k_1_0 in T.unroll(1):
+                        for k_1_1_0 in T.unroll(4):
                             for k_1_1_1 in T.vectorized(8):
                                 with T.sblock("gemv_rf_update"):
-                                    vk_1_1 = T.axis.spatial(8, k_1_1_0 * 8 + k_1_1_1)
+                                    vk_1_1 = T.axis.spatial(32, k_1_1_0 * 8 + k_1_1_1)
                                     vi = T.axis.spatial(1, i)
                                     vj = T.axis.spatial(16, j_0 * 4 + j_1)
                                     vk_0, vk_1_0 = T.axis.remap("RR", [k_0, k_1_0])
-                                    kk = T.meta_var(vk_0 * 32 + vk_1_0 * 8 + vk_1_1)
+                                    kk = T.meta_var(vk_0 * 32 + vk_1_0 * 32 + vk_1_1)
                                     y_rf_local[vi, vj, vk_1_1] = y_rf_local[vi, vj, vk_1_1] + x[vi, kk] * (
                                         (T.Cast("float32", p[vj, kk // 8] >> T.Cast("uint32", kk % 8) * T.uint32(4)
                                                     & T.uint32(15)) - T.float32(7.0))
                                         * T.Cast("float32", s[vj, kk // 32]))
-            for ax1, ax0 in T.grid(4, 8):  # the 8 lane sums of each row
+            for ax1, ax0 in T.grid(4, 32):  # the 32 partial sums of each row
                 with T.sblock("gemv"):
-                    vk_1_1 = T.axis.reduce(8, ax0)
+                    vk_1_1 = T.axis.reduce(32, ax0)
                     vi = T.axis.spatial(1, 0)
                     vj = T.axis.spatial(16, j_0 * 4 + ax1)
                     with T.init():
