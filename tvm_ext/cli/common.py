@@ -81,8 +81,8 @@ def load_workload(args):
         if args.batch is not None or args.image is not None:
             raise ValueError("--batch and --image do not apply to an .onnx model (its input shape is "
                              "the model's, or --shape NAME=1x3x224x224)")
-        log(f"importing {args.workload} ...")
-        return import_onnx(args.workload, parse_shapes(getattr(args, "shape", [])), seed=args.seed).workload
+        return import_onnx(args.workload, parse_shapes(getattr(args, "shape", [])), seed=args.seed,
+                           log=log).workload
     log(f"building {args.workload} {workload_options(args)} ...")
     return workloads.get(args.workload, **workload_options(args))
 

@@ -119,8 +119,7 @@ def run(args) -> int:
     if not os.path.isfile(args.model):
         raise ValueError(f"{args.model}: no such file")
     target = resolve_target(args.target)
-    log(f"importing {args.model} ...")
-    imported = import_onnx(args.model, shapes, args.layout, target, seed=args.seed)
+    imported = import_onnx(args.model, shapes, args.layout, target, seed=args.seed, log=log)
     from tvm_ext.tune import extract_tasks  # pylint: disable=import-outside-toplevel
 
     tasks = extract_tasks(imported.workload, target)

@@ -162,12 +162,15 @@ def resolve_layout(layout: str, target=None) -> str:  # pylint: disable=unused-a
 
 
 def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", target=None,
-                seed: int = 0) -> Imported:
-    """Import the int8 ONNX model at ``path`` (see the module doc)."""
+                seed: int = 0, log=None) -> Imported:
+    """Import the int8 ONNX model at ``path`` (see the module doc); ``log`` is told once the
+    file passed every check (so that bad input gets its one line only)."""
     model, digest = load(path)
     ops = check_supported(model)
     name, shape = input_shape(model, shapes)
     layout = resolve_layout(layout, target)
+    if log:
+        log(f"importing {path} ({len(model.graph.node)} nodes, input {name} {'x'.join(map(str, shape))}) ...")
     sample = np.random.RandomState(seed).randn(*shape).astype(np.float32)
     graph = QuantGraph(seed)
     conv = onnx_nodes.Converter(Steps(graph), model, name, sample)
