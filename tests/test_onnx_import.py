@@ -212,11 +212,14 @@ def test_bad_inputs_get_one_line_exit_2_and_nothing_written(tmp_path, capsys, mo
 def test_dynamic_shape_imports_with_shape(tmp_path, capsys, monkeypatch):
     path = _qdq_around(tmp_path / "dyn.onnx", "Relu", ["N", 4, 9, 9])
     monkeypatch.chdir(tmp_path)
-    assert main(["import", path, "--shape", "x=2x4x9x9", "--no-check", "--json"]) == 0
+    assert main(["import", path, "--shape", "x=2x4x9x9", "--json", "--images", "2"]) == 0
     import json
 
     out = json.loads(capsys.readouterr().out)
     assert out["input"] == {"x": [2, 4, 9, 9]} and out["ops"]["Relu"] == 1 and out["tasks"] == 1  # all fused
+    assert out["exact_vs_reference"] == "2/2" and out["layer_max_step_vs_ort"] <= 1
+    assert out["max_step_vs_ort"] <= 1 and 0 <= out["frac_differ_vs_ort"] < 0.01
+    assert os.listdir(tmp_path) == ["dyn.onnx"]  # import writes nothing
 
 
 # ---------------------------------------------------------------------------- real models
