@@ -335,3 +335,20 @@ def test_tune_and_report_take_an_onnx_path(tmp_path, capsys, monkeypatch):
     report = json.loads(capsys.readouterr().out)
     assert report["workload"].startswith("onnx-m-") and len(report["options"]["sha256"]) == 64
     assert report["tasks"] and all(t["trials"] >= 1 for t in report["tasks"])
+
+
+@pytest.mark.slow
+def test_bench_takes_an_onnx_path_with_ort_on_the_same_file(tmp_path, capsys, monkeypatch):
+    import json
+
+    from tvm_ext.cli.common import workload_key
+
+    path = _qdq_around(tmp_path / "m.onnx", "Relu")
+    monkeypatch.chdir(tmp_path)
+    code = main(["bench", path, "--rulesets", "plugin", "--trials", "1", "--peers", "ort", "--rounds", "3",
+                 "--logs-dir", "logs"])
+    assert code == 0, capsys.readouterr().err
+    out = json.loads((tmp_path / "logs" / f"bench-{workload_key(path)}-llvm.json").read_text())
+    rows = {r["ruleset"]: r for r in out["rows"]}
+    assert rows["plugin"]["exact_match"] and rows["ort"]["ort_weights"] == "file"
+    assert rows["ort"]["max_step"] <= 1 and rows["ort"]["e2e_ms"] > 0

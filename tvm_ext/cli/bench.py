@@ -1,7 +1,7 @@
 """``tvm-ext bench``: compare rule sets (int8) or schedules and fusion (Phi-2) in one run."""
 from __future__ import annotations
 
-from tvm_ext.cli.common import add_workload_args, check_workload_name, log
+from tvm_ext.cli.common import add_workload_args, check_workload_name, log, workload_key
 from tvm_ext.cli.table import render
 
 
@@ -55,7 +55,7 @@ def run(args) -> int:
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
     target = resolve_target(args.target)
-    out = args.out or os.path.join(args.logs_dir, f"bench-{args.workload}-{target.kind.name}.json")
+    out = args.out or os.path.join(args.logs_dir, f"bench-{workload_key(args.workload)}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):
         from tvm_ext.bench import phi2 as phi2_bench
         from tvm_ext.bench.phi2_peers import parse as parse_phi2_peers

@@ -183,6 +183,10 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
     layers = {k: (v.value.index, v.signed) for k, v in steps.layers.items() if v.value.index >= n_in}
     options = {"onnx": os.path.basename(path), "sha256": digest, "input_shape": list(shape), "layout": layout}
     wl = Workload(workload_name(path, digest), graph.to_relax(), [sample], graph, exact=True, options=options)
+    # what an ORT peer needs to run the same file (bench --peers ort); not part of the options,
+    # so that a database follows the file's content, not where it lies
+    wl.onnx_source = {"path": os.path.abspath(path), "input": name, "output": model.graph.output[0].name,
+                      "out_scale": out.q.scale}
     params = sum(int(np.prod(c.shape)) for s in graph.steps if s.op in ("conv2d_nhwc", "dense") for c in s.consts)
     return Imported(wl, graph, dict(ops), name, shape, model.graph.output[0].name, out.q.scale, out.q.zp,
                     layers, layout, digest, params)
