@@ -78,12 +78,15 @@ class AMXTensorize(PyScheduleRule):
     ----------
     max_innermost_factor: as in MultiLevelTiling.
     fuse: fold the elementwise epilogue into the tile (see module doc).
+    emulated: tensorize with the plain-code twins of the AMX intrinsics (same addresses
+        and layouts, no tile instructions): tests of the rule on hosts without AMX.
     """
 
-    def __init__(self, max_innermost_factor: int = 64, fuse: bool = True) -> None:
+    def __init__(self, max_innermost_factor: int = 64, fuse: bool = True, emulated: bool = False) -> None:
         super().__init__()
         self.max_innermost_factor = max_innermost_factor
         self.fuse = fuse
+        self.emulated = emulated
         # tiles the loops outside the blockized AMX tile (what MultiLevelTilingWithIntrin
         # does after its own tiling, whose applicability check needs an intrinsic whose
         # operands are indexed by plain iterators: the A and B tiles cannot be)
@@ -109,7 +112,7 @@ class AMXTensorize(PyScheduleRule):
         if shape is None:
             return None
         for k_form in reversed(K_FORMS):  # "k4" (conv), then "k" (dense)
-            intrin = register_dot(*shape, k_form)
+            intrin = register_dot(*shape, k_form, emulated=self.emulated)
             try:
                 if tile_with_tensor_intrin(sch.copy(), block, intrin) is not None:
                     return intrin
@@ -153,4 +156,4 @@ class AMXTensorize(PyScheduleRule):
         return bool(blocks) and all(tensorize_with_tile_config(tmp, *b) for b in blocks)
 
     def clone(self) -> ScheduleRule:
-        return AMXTensorize(self.max_innermost_factor, self.fuse)
+        return AMXTensorize(self.max_innermost_factor, self.fuse, self.emulated)

@@ -196,24 +196,79 @@ def test_bit_exact_on_amx_host(name):
         np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
 
+# --------------------------------------------------------------------------- emulated, on every host
+HOST = {"kind": "llvm", "num-cores": 2}
+
+
+def _emulated_space(target):
+    """TVM's llvm rules and postprocs with the AMX rule on the plain-code twins of the
+    intrinsics (``AMXTensorize(emulated=True)``) and AMXTileConfig: runs on any x86 host."""
+    from tvm.s_tir.meta_schedule.space_generator import PostOrderApply
+
+    from tvm_ext.postprocs.amx_tile_config import AMXTileConfig
+
+    rules = list(ms.schedule_rule.ScheduleRule.create("llvm"))
+    rules.insert([type(r).__name__ for r in rules].index("MultiLevelTiling"), AMXTensorize(emulated=True))
+    posts = list(ms.postproc.Postproc.create("llvm"))
+    posts.insert([type(p).__name__ for p in posts].index("RewriteReductionBlock") + 1, AMXTileConfig())
+    return PostOrderApply(sch_rules=rules, postprocs=posts, mutator_probs="llvm")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_emulated_tiles_bit_exact(name):
+    """The rule's candidates with the emulated intrinsics (the tile addresses, strides and
+    layouts of the real ones, tdpbusd's arithmetic in plain code) equal NumPy: what is left
+    unchecked on a host without AMX is the instructions themselves."""
+    make, intrin = CASES[name]
+    case = make()
+    emulated = intrin + "_emu"
+    for sch in _mod_candidates(case.mod, HOST, 1, _emulated_space):
+        assert f'tensor_intrin="{emulated}"' in str(sch.trace)
+        assert f'tensor_intrin="{I.init_for_dot(emulated)}"' in str(sch.trace)
+        lib = tvm.compile(sch.mod, target=tvm.target.Target(HOST))
+        np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
+
+
 # --------------------------------------------------------------------------- the AMX network layout
+def _conv64(h, w, cin, cout, k, stride, zp=5, seed=4):
+    """(mod, args, reference) of qnn_amx's conv: NCHW64c in and out, OIHW16i16o4i weights."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, (1, h, w, cin)).astype(np.uint8)
+    wt = rng.integers(-127, 128, (cout, k, k, cin)).astype(np.int8)
+    data = te.placeholder((1, cin // 64, h, w, 64), "uint8", name="data")
+    weight = te.placeholder((cout // 16, cin // 64, k, k, 16, 16, 4), "int8", name="weight")
+    acc = QA.conv2d_nchwc_acc_ob(data, weight, stride=stride, pad=k // 2, zp_x=zp)
+    mod = tvm.IRModule({"main": te.create_prim_func([data, weight, acc])})
+    pad = k // 2
+    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    xpad = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)), constant_values=zp).astype(np.int64)
+    ref = sum(np.einsum("nhwc,oc->nhwo", xpad[:, i:i + stride * oh:stride, j:j + stride * ow:stride, :],
+                        wt[:, i, j, :].astype(np.int64)) for i in range(k) for j in range(k))
+    args = [QV.pack_activation(x, 64), QV.pack_conv_weight(wt, 64)]
+    return mod, args, [int(d) for d in acc.shape], ref
+
+
+def _run_conv64(lib, args, shape):
+    out = tvm.runtime.tensor(np.zeros(shape, np.int32))
+    lib(*(tvm.runtime.tensor(a) for a in args), out)
+    return QV.unpack_activation(out.numpy())
+
+
 def test_conv_with_64_channel_output_blocks_matches_numpy():
-    """qnn_amx's conv (NCHW64c in and out, OIHW16i16o4i weights) computes the plain conv:
-    built for the host with plain code, compared exactly with NumPy."""
-    rng = np.random.default_rng(4)
-    x = rng.integers(0, 256, (1, 6, 5, 64)).astype(np.uint8)
-    w = rng.integers(-127, 128, (128, 3, 3, 64)).astype(np.int8)
-    data = te.placeholder((1, 1, 6, 5, 64), "uint8", name="data")
-    weight = te.placeholder((8, 1, 3, 3, 16, 16, 4), "int8", name="weight")
-    acc = QA.conv2d_nchwc_acc_ob(data, weight, stride=1, pad=1, zp_x=5)
-    assert [int(d) for d in acc.shape] == [1, 2, 6, 5, 64]
-    lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([data, weight, acc])}), target="llvm")
-    out = tvm.runtime.tensor(np.zeros((1, 2, 6, 5, 64), np.int32))
-    lib(tvm.runtime.tensor(QV.pack_activation(x, 64)), tvm.runtime.tensor(QV.pack_conv_weight(w, 64)), out)
-    xpad = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=5).astype(np.int64)
-    ref = sum(np.einsum("nhwc,oc->nhwo", xpad[:, i:i + 6, j:j + 5, :], w[:, i, j, :].astype(np.int64))
-              for i in range(3) for j in range(3))
-    np.testing.assert_array_equal(QV.unpack_activation(out.numpy()), ref)
+    """qnn_amx's conv computes the plain conv: built for the host with plain code."""
+    mod, args, shape, ref = _conv64(6, 5, 64, 128, 3, 1)
+    assert shape == [1, 2, 6, 5, 64]
+    np.testing.assert_array_equal(_run_conv64(tvm.compile(mod, target="llvm"), args, shape), ref)
+
+
+def test_emulated_tiles_of_network_conv_bit_exact():
+    """The network's conv layout (64-channel output blocks: C rows 256 bytes apart, two
+    input-channel blocks) through the rule with the emulated intrinsics equals NumPy."""
+    mod, args, shape, ref = _conv64(14, 14, 128, 128, 3, 1)
+    for sch in _mod_candidates(mod, HOST, 1, _emulated_space):
+        assert 'tensor_intrin="' + I.dot_intrin(14, 1, "k4", emulated=True) + '"' in str(sch.trace)
+        np.testing.assert_array_equal(_run_conv64(tvm.compile(sch.mod, target=tvm.target.Target(HOST)), args,
+                                                  shape), ref)
 
 
 def test_network_conv_layouts_tensorize_with_amx():

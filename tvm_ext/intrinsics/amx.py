@@ -23,6 +23,10 @@ zeroes C; ``postprocs.AMXTileConfig`` makes sure every AMX block's init was tens
 with it, so the configuration is loaded before the first tile instruction of every
 output tile, in every thread, and the trace records it (databases replay it).
 
+Each variant has a plain-code twin (``emulated=True``, name suffix ``_emu``): same
+description, same tile addresses and strides, tdpbusd's arithmetic written out; the rule
+uses it on request, so tests run its candidates bit-exact on hosts without AMX.
+
 The process needs the kernel's permission for tile data first: ``tvm_ext.amx.request_amx``.
 """
 from __future__ import annotations
@@ -39,20 +43,22 @@ STRIDES = (1, 2)  # activation row steps (conv strides) with their own intrinsic
 K_FORMS = ("k", "k4")  # one reduction iterator of 64, or 16 x 4 (ic4, ici of a packed conv)
 
 
-def dot_intrin(rows: int = 16, stride: int = 1, k_form: str = "k4") -> str:
+def dot_intrin(rows: int = 16, stride: int = 1, k_form: str = "k4", emulated: bool = False) -> str:
     """Name of the dot intrinsic for a C tile of ``rows`` (1..16) output rows whose A rows
-    are ``stride`` activation rows apart, reduction written as ``k_form``."""
-    return f"{DOT_PREFIX}_m{rows}_s{stride}_{k_form}"
+    are ``stride`` activation rows apart, reduction written as ``k_form``; ``emulated``:
+    the plain-code twin (see ``_dot_impl_emulated``)."""
+    return f"{DOT_PREFIX}_m{rows}_s{stride}_{k_form}" + ("_emu" if emulated else "")
 
 
-def init_intrin(rows: int = 16) -> str:
+def init_intrin(rows: int = 16, emulated: bool = False) -> str:
     """Name of the config + zero intrinsic for a C tile of ``rows`` rows."""
-    return f"{INIT_PREFIX}_m{rows}"
+    return f"{INIT_PREFIX}_m{rows}" + ("_emu" if emulated else "")
 
 
 def init_for_dot(dot_name: str) -> str:
     """The init intrinsic that goes with a dot intrinsic (same rows: same tile config)."""
-    return init_intrin(int(dot_name[len(DOT_PREFIX) + 2:].split("_")[0]))
+    rows = int(dot_name[len(DOT_PREFIX) + 2:].split("_")[0])
+    return init_intrin(rows, dot_name.endswith("_emu"))
 
 
 def tile_config_bytes(rows: int = 16) -> list[int]:
@@ -164,19 +170,61 @@ def _init_impl(c: T.handle, rows: T.int32) -> None:
                                       C.access_ptr("w"), T.int64(sc) * T.int64(4)))
 
 
+# Plain-code twins of the two impls, for hosts without AMX: the same buffers, base
+# addresses (``elem_offset``) and row strides as the tileloadd/tilestored operands above,
+# each tile read through a flat view of its memory, and tdpbusd's arithmetic as the
+# Intel SDM gives it (C[m][n] += sum over k4, i of zx(A[m].byte[4 k4 + i]) *
+# sx(B[k4].byte[4 n + i])). Tests run the rule's candidates with them bit for bit against
+# NumPy, which checks every address and layout the real instructions would use.
+_FLAT = 1 << 30  # extent of the flat views (unchecked; only the indices below are read)
+
+
+@T.prim_func(s_tir=True)
+def _dot_impl_emulated(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32) -> None:
+    sa = T.int32()
+    sb = T.int32()
+    sc = T.int32()
+    A = T.match_buffer(a, ((rows - 1) * stride + 1, 64), "uint8", offset_factor=1, strides=[sa, 1])
+    B = T.match_buffer(b, (16, 16, 4), "int8", offset_factor=1, strides=[sb, 4, 1])
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + 1, 0:64], B[0:16, 0:16, 0:4])
+        T.writes(C[0:rows, 0:16])
+        a_tile = T.decl_buffer((_FLAT,), "uint8", data=A.data)
+        b_tile = T.decl_buffer((_FLAT,), "int8", data=B.data)
+        c_tile = T.decl_buffer((_FLAT,), "int32", data=C.data)
+        for m, n, k4, i in T.grid(rows, 16, 16, 4):
+            c_tile[C.elem_offset + m * sc + n] = c_tile[C.elem_offset + m * sc + n] + T.Cast(
+                "int32", a_tile[A.elem_offset + m * (sa * stride) + k4 * 4 + i]) * T.Cast(
+                "int32", b_tile[B.elem_offset + k4 * sb + n * 4 + i])
+
+
+@T.prim_func(s_tir=True)
+def _init_impl_emulated(c: T.handle, rows: T.int32) -> None:
+    sc = T.int32()
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads()
+        T.writes(C[0:rows, 0:16])
+        c_tile = T.decl_buffer((_FLAT,), "int32", data=C.data)
+        for m, n in T.grid(rows, 16):
+            c_tile[C.elem_offset + m * sc + n] = 0
+
+
 def _specialize(func, *values):
     """``func`` with its trailing scalar parameters (rows, stride) bound to ``values``."""
     params = list(func.params)[-len(values):]
     return func.specialize(dict(zip(params, values)))
 
 
-def _make_dot(rows: int, stride: int, k_form: str):
+def _make_dot(rows: int, stride: int, k_form: str, emulated: bool = False):
     desc = _dot_desc_k if k_form == "k" else _dot_desc_k4
-    return _specialize(desc, rows, stride), _specialize(_dot_impl, rows, stride)
+    impl = _dot_impl_emulated if emulated else _dot_impl
+    return _specialize(desc, rows, stride), _specialize(impl, rows, stride)
 
 
-def _make_init(rows: int):
-    return _specialize(_init_desc, rows), _specialize(_init_impl, rows)
+def _make_init(rows: int, emulated: bool = False):
+    return _specialize(_init_desc, rows), _specialize(_init_impl_emulated if emulated else _init_impl, rows)
 
 
 def _register(name: str, make) -> str:
@@ -192,12 +240,13 @@ def _register(name: str, make) -> str:
     return name
 
 
-def register_dot(rows: int, stride: int = 1, k_form: str = "k4") -> str:
+def register_dot(rows: int, stride: int = 1, k_form: str = "k4", emulated: bool = False) -> str:
     """Register (once) the dot intrinsic and its init; returns the dot's name."""
     if not (1 <= rows <= 16 and stride in STRIDES and k_form in K_FORMS):
         raise ValueError(f"no AMX intrinsic for rows={rows} stride={stride} k_form={k_form!r}")
-    _register(init_intrin(rows), lambda: _make_init(rows))
-    return _register(dot_intrin(rows, stride, k_form), lambda: _make_dot(rows, stride, k_form))
+    _register(init_intrin(rows, emulated), lambda: _make_init(rows, emulated))
+    return _register(dot_intrin(rows, stride, k_form, emulated),
+                     lambda: _make_dot(rows, stride, k_form, emulated))
 
 
 def register_intrinsics() -> None:
