@@ -345,10 +345,11 @@ def test_bench_takes_an_onnx_path_with_ort_on_the_same_file(tmp_path, capsys, mo
 
     path = _qdq_around(tmp_path / "m.onnx", "Relu")
     monkeypatch.chdir(tmp_path)
-    code = main(["bench", path, "--rulesets", "plugin", "--trials", "1", "--peers", "ort", "--rounds", "3",
-                 "--logs-dir", "logs"])
+    code = main(["bench", path, "--rulesets", "plugin", "--trials", "1", "--peers", "ort,tvm-onnx",
+                 "--rounds", "3", "--logs-dir", "logs"])
     assert code == 0, capsys.readouterr().err
     out = json.loads((tmp_path / "logs" / f"bench-{workload_key(path)}-llvm.json").read_text())
     rows = {r["ruleset"]: r for r in out["rows"]}
     assert rows["plugin"]["exact_match"] and rows["ort"]["ort_weights"] == "file"
     assert rows["ort"]["max_step"] <= 1 and rows["ort"]["e2e_ms"] > 0
+    assert rows["tvm-onnx"]["max_step"] <= 1 and rows["tvm-onnx"]["e2e_ms"] > 0  # TVM's float from_onnx

@@ -56,6 +56,9 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         runs["ort"], diff, weights = peer_module().ort_network(workload, threads, log)
         rows.append({"ruleset": "ort", "exact_match": False, "threads": threads, "ort_weights": weights,
                      "max_step": diff["max_step"], "frac_differ": diff["frac_differ"]})
+    if "tvm-onnx" in peers:
+        runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)
+        rows.append({"ruleset": "tvm-onnx", "exact_match": False, **diff})
     log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
     medians = time_interleaved(runs, rounds)
     base = medians.get("plugin", medians[rulesets[0]])

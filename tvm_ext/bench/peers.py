@@ -20,7 +20,7 @@ from tvm_ext import tune as tuning
 from tvm_ext.arrays import random_arrays
 from tvm_ext.bench.timing import time_interleaved
 
-PEERS = ("ort",)
+PEERS = ("ort", "tvm-onnx")  # tvm-onnx: TVM's own from_onnx on an imported .onnx workload
 
 
 def parse_peers(text: str | None) -> list[str]:
@@ -85,6 +85,33 @@ def _ort_file(workload, threads: int, log=print):
     log(f"ort ({src['path']}): output differs from the exact reference by up to {diff['max_step']} "
         f"steps in {100 * diff['frac_differ']:.1f}% of the outputs")
     return (lambda: sess.run(None, feed)), diff, "file"
+
+
+def tvm_onnx_network(workload, target, log=print):
+    """(callable, diff): the imported .onnx built by TVM's own Relax frontend (``from_onnx``:
+    QDQ as float math around float convolutions) with TVM's default schedules -- what a
+    TVM user gets without tvm_ext; its output compared with the exact reference in steps."""
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    src = getattr(workload, "onnx_source", None)
+    if not src:
+        raise ValueError(f"--peers tvm-onnx: workload {workload.name!r} is not an imported .onnx file")
+    x = workload.inputs[0]
+    mod = from_onnx(onnx.load(src["path"]), shape_dict={src["input"]: list(x.shape)}, keep_params_in_input=False)
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    log("building TVM's from_onnx module (default schedules) ...")
+    with target:
+        vm = tuning.make_vm(relax.build(mod, target=target), target)
+    dev = tuning.device_for(target)
+    arg = tvm.runtime.tensor(x, dev)
+    out = vm["main"](arg)
+    out = (out if hasattr(out, "numpy") else out[0]).numpy()
+    steps = np.rint(np.abs(out.astype(np.float64) - workload.reference(workload.inputs)) / src["out_scale"])
+    diff = {"max_step": int(steps.max()), "frac_differ": float(np.mean(steps > 0))}
+    return (lambda: (vm["main"](arg), dev.sync())), diff
 
 
 # ----------------------------------------------------------------------------- per layer
