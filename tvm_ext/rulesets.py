@@ -4,7 +4,8 @@
                      of TVM's ApplyCustomRule, our InlineConstantScalars in place of
                      TVM's, our VerifyGPUCode in place of TVM's (cuda), and on x86 with
                      VNNI our VNNI tensorization rule + RewriteTensorize (llvm), and on
-                     x86 with AMX int8 our AMX rule + AMXTileConfig in front of those.
+                     x86 with AMX int8 our AMX rule + AMXTileConfig in front of those;
+                     on llvm our DequantGEMV (q4 decode GEMV kernels) before MultiLevelTiling.
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
 """
@@ -59,8 +60,22 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
                 rules.append(InlineConstantScalars())
         else:
             rules.append(rule)
+    if kind == "llvm":
+        rules = with_dequant_gemv(rules)
     add_vnni = _vnni(target, ruleset)
     return add_vnni(rules, [], target)[0] if add_vnni else rules
+
+
+def with_dequant_gemv(rules: list) -> list:
+    """A copy of ``rules`` with our DequantGEMV (q4 decode GEMV kernels) right before
+    MultiLevelTiling, else at the end (llvm rule sets other than ``upstream``)."""
+    from tvm_ext.rules.dequant_gemv import DequantGEMV  # pylint: disable=import-outside-toplevel
+
+    rules = list(rules)
+    names = [_name(r) for r in rules]
+    idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
+    rules[idx:idx] = [DequantGEMV()]
+    return rules
 
 
 def _vnni(target, ruleset: str):
