@@ -10,6 +10,9 @@ What it does, per block:
    56/28/14 columns, 7 for 7, 8 for a dense of 8 rows; C and A tiles may have fewer than
    16 rows), so no shape is padded; the activation index's step along it is the A-tile
    stride (1 or 2). Fewer than 4 rows (a batch-1 dense, a prime width): left to VNNI.
+   A 3x3 conv gets a second variant as its own sketches: three kernel columns per
+   intrinsic call (the C tile loaded and stored once per 3 dots instead of once per dot);
+   the tuner picks between them.
 2. The tile's loops are split off and blockized for that variant of the AMX intrinsic
    (``tvm_ext.intrinsics.amx``), then the loops outside are tiled by TVM's
    MultiLevelTiling, structure SSRSRS with a write cache, as the VNNI rule does (that is
@@ -37,7 +40,7 @@ from tvm.s_tir.meta_schedule.schedule_rule import (
 )
 from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
 
-from tvm_ext.intrinsics.amx import K_FORMS, STRIDES, register_dot
+from tvm_ext.intrinsics.amx import STRIDES, register_dot
 from tvm_ext.postprocs.amx_tile_config import AUTO_TENSORIZE, amx_blocks, tensorize_with_tile_config
 from tvm_ext.rules.vnni_tensorize import fuse_epilogue, operands_packed, protect_tensorization
 
@@ -103,27 +106,44 @@ class AMXTensorize(PyScheduleRule):
     def _initialize_with_tune_context(self, context) -> None:
         self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
 
-    def choose_intrin(self, sch, block) -> str | None:
-        """The AMX intrinsic variant ``block`` tiles with, or None (left to other rules)."""
+    def choose_intrins(self, sch, block) -> list[str]:
+        """The AMX intrinsic variants ``block`` tiles with (empty: left to other rules).
+
+        A 3x3 conv gets two, each its own sketches: the 3-column variant ("k4t3", the C
+        tile stays in tmm0 for 3 dots) and the one-dot variant ("k4"); the tuner picks.
+        """
         stmt = sch.get(block)
         if not operands_packed(stmt):
-            return None
+            return []
         shape = tile_rows_and_stride(stmt)
         if shape is None:
-            return None
-        for k_form in reversed(K_FORMS):  # "k4" (conv), then "k" (dense)
+            return []
+        found = []
+        for k_form in ("k4t3", "k4", "k"):
             intrin = register_dot(*shape, k_form, emulated=self.emulated)
             try:
                 if tile_with_tensor_intrin(sch.copy(), block, intrin) is not None:
-                    return intrin
+                    found.append(intrin)
             except Exception:  # pylint: disable=broad-except
                 continue
-        return None
+            if k_form == "k4" and found:
+                break  # a conv: the dense form cannot apply
+        return found
+
+    def choose_intrin(self, sch, block) -> str | None:
+        """The one-dot variant ``block`` tiles with, or None (see ``choose_intrins``)."""
+        plain = [i for i in self.choose_intrins(sch, block) if not i.split("_")[-1].startswith("k4t")
+                 and not (i.endswith("_emu") and i.split("_")[-2].startswith("k4t"))]
+        return plain[0] if plain else None
 
     def apply(self, sch, block):
-        intrin = self.choose_intrin(sch, block)
-        if intrin is None:
-            return [sch]
+        out = []
+        for intrin in self.choose_intrins(sch, block):
+            out += self._tile(sch, block, intrin)
+        return out or [sch]
+
+    def _tile(self, sch, block, intrin: str) -> list:
+        """Candidates tiled for ``intrin`` (empty when it does not tensorize after all)."""
         try:
             tiled = sch.copy()
             outer = tiled.blockize(tile_with_tensor_intrin(tiled, block, intrin))
@@ -132,18 +152,18 @@ class AMXTensorize(PyScheduleRule):
             tiled.annotate(block, TILING_STRUCTURE, "SSRSRS")
             results = list(self._mlt.apply(tiled, outer))
         except Exception:  # pylint: disable=broad-except
-            return [sch]
+            return []
         out = []
         for res in results:
             if TILING_STRUCTURE not in res.get(outer).annotations:
                 continue  # MultiLevelTiling declined the block
             if not out and not self._tensorizes(res):
-                return [sch]  # the postproc would reject every candidate
+                return []  # the postproc would reject every candidate
             protect_tensorization(res, outer)
             if self.fuse:
                 fuse_epilogue(res, outer)
             out.append(res)
-        return out or [sch]
+        return out
 
     @staticmethod
     def _tensorizes(sch) -> bool:

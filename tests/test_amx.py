@@ -30,12 +30,13 @@ HOST_AMX = "amx_tile" in _cpuinfo().get("flags", set())
 NO_AMX = "no amx_tile in /proc/cpuinfo"
 
 CASES = {
-    # name: (case factory, intrinsic the rule must pick)
-    "conv14": (lambda: C.conv2d_case(h=14, w=14, c_in=64, c_out=32, cb=64), I.dot_intrin(14, 1, "k4")),
+    # name: (case factory, intrinsics the rule offers, each with its own sketches)
+    "conv14": (lambda: C.conv2d_case(h=14, w=14, c_in=64, c_out=32, cb=64),
+               [I.dot_intrin(14, 1, "k4t3"), I.dot_intrin(14, 1, "k4")]),
     "conv7_s2": (lambda: C.conv2d_case(h=14, w=14, c_in=128, c_out=16, cb=64, stride=2, seed=2),
-                 I.dot_intrin(7, 2, "k4")),
-    "dense8": (lambda: C.dense_case(m=8, n=48, k=128), I.dot_intrin(8, 1, "k")),
-    "dense_k64": (lambda: C.dense_case(m=12, n=32, k=64, seed=3), I.dot_intrin(12, 1, "k")),
+                 [I.dot_intrin(7, 2, "k4t3"), I.dot_intrin(7, 2, "k4")]),
+    "dense8": (lambda: C.dense_case(m=8, n=48, k=128), [I.dot_intrin(8, 1, "k")]),
+    "dense_k64": (lambda: C.dense_case(m=12, n=32, k=64, seed=3), [I.dot_intrin(12, 1, "k")]),
 }
 
 
@@ -105,9 +106,10 @@ def test_intrinsic_names_and_bad_variants():
 # --------------------------------------------------------------------------- rule choice
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_rule_picks_the_tile_shape(name):
-    make, intrin = CASES[name]
+    make, intrins = CASES[name]
     sch, block = _block(make())
-    assert AMXTensorize().choose_intrin(sch, block) == intrin
+    assert AMXTensorize().choose_intrins(sch, block) == intrins
+    assert AMXTensorize().choose_intrin(sch, block) == intrins[-1]  # the one-dot variant
 
 
 def test_rule_leaves_what_it_cannot_tile():
@@ -151,9 +153,17 @@ def test_rule_sets_put_amx_first_on_amx_targets():
 
 
 # --------------------------------------------------------------------------- candidates
-def _check_asm(sch, target, intrin):
-    assert f'tensor_intrin="{intrin}"' in str(sch.trace)
-    assert f'tensor_intrin="{I.init_for_dot(intrin)}"' in str(sch.trace)
+def _used(sch, intrins) -> str:
+    """The one of ``intrins`` that the candidate was tensorized with (and its init)."""
+    trace = str(sch.trace)
+    used = [i for i in intrins if f'tensor_intrin="{i}"' in trace]
+    assert len(used) == 1, (intrins, used)
+    assert f'tensor_intrin="{I.init_for_dot(used[0])}"' in trace
+    return used[0]
+
+
+def _check_asm(sch, target, intrins):
+    _used(sch, intrins)
     lib = tvm.compile(sch.mod, target=tvm.target.Target(target))
     asm = lib.mod.inspect_source("asm")
     for instr in ("tdpbusd", "tileloadd", "tilestored", "ldtilecfg"):
@@ -163,10 +173,12 @@ def _check_asm(sch, target, intrin):
 
 @pytest.mark.parametrize("name", ["conv14", "dense8", "dense_k64"])
 def test_every_sampled_candidate_has_tile_instructions(name):
-    make, intrin = CASES[name]
+    make, intrins = CASES[name]
     case = make()
-    for sch in _candidates(case, SPR, per_sketch=1):
-        _check_asm(sch, SPR, intrin)
+    schs = _candidates(case, SPR, per_sketch=1)
+    for sch in schs:
+        _check_asm(sch, SPR, intrins)
+    assert {_used(sch, intrins) for sch in schs} == set(intrins)  # every variant has sketches
 
 
 @pytest.mark.slow
@@ -174,9 +186,9 @@ def test_every_sampled_candidate_has_tile_instructions(name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_candidates_tile_instructions_and_bit_exact(name, target):
     """Three candidates of every sketch, both AMX targets; run where the host has AMX."""
-    make, intrin = CASES[name]
+    make, intrins = CASES[name]
     case = make()
-    libs = [_check_asm(sch, target, intrin) for sch in _candidates(case, target, per_sketch=3)]
+    libs = [_check_asm(sch, target, intrins) for sch in _candidates(case, target, per_sketch=3)]
     if not HOST_AMX:
         pytest.skip(NO_AMX)
     amx.request_amx()
@@ -188,11 +200,11 @@ def test_candidates_tile_instructions_and_bit_exact(name, target):
 def test_bit_exact_on_amx_host(name):
     if not HOST_AMX:
         pytest.skip(NO_AMX)
-    make, intrin = CASES[name]
+    make, intrins = CASES[name]
     case = make()
     amx.request_amx()
     for sch in _candidates(case, SPR, per_sketch=1):
-        lib = _check_asm(sch, SPR, intrin)
+        lib = _check_asm(sch, SPR, intrins)
         np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
 
@@ -214,17 +226,18 @@ def _emulated_space(target):
     return PostOrderApply(sch_rules=rules, postprocs=posts, mutator_probs="llvm")
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("conv7_s2", "dense_k64") else n
+                                  for n in sorted(CASES)])
 def test_emulated_tiles_bit_exact(name):
     """The rule's candidates with the emulated intrinsics (the tile addresses, strides and
     layouts of the real ones, tdpbusd's arithmetic in plain code) equal NumPy: what is left
     unchecked on a host without AMX is the instructions themselves."""
-    make, intrin = CASES[name]
+    make, intrins = CASES[name]
     case = make()
-    emulated = intrin + "_emu"
-    for sch in _mod_candidates(case.mod, HOST, 1, _emulated_space):
-        assert f'tensor_intrin="{emulated}"' in str(sch.trace)
-        assert f'tensor_intrin="{I.init_for_dot(emulated)}"' in str(sch.trace)
+    emulated = [i + "_emu" for i in intrins]
+    schs = _mod_candidates(case.mod, HOST, 1, _emulated_space)
+    assert {_used(sch, emulated) for sch in schs} == set(emulated)  # every variant ran
+    for sch in schs:
         lib = tvm.compile(sch.mod, target=tvm.target.Target(HOST))
         np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
@@ -264,9 +277,11 @@ def test_conv_with_64_channel_output_blocks_matches_numpy():
 def test_emulated_tiles_of_network_conv_bit_exact():
     """The network's conv layout (64-channel output blocks: C rows 256 bytes apart, two
     input-channel blocks) through the rule with the emulated intrinsics equals NumPy."""
-    mod, args, shape, ref = _conv64(14, 14, 128, 128, 3, 1)
-    for sch in _mod_candidates(mod, HOST, 1, _emulated_space):
-        assert 'tensor_intrin="' + I.dot_intrin(14, 1, "k4", emulated=True) + '"' in str(sch.trace)
+    mod, args, shape, ref = _conv64(7, 7, 128, 64, 3, 1)
+    schs = _mod_candidates(mod, HOST, 1, _emulated_space)
+    assert {_used(sch, [I.dot_intrin(7, 1, f, emulated=True) for f in ("k4t3", "k4")]) for sch in schs} == {
+        I.dot_intrin(7, 1, f, emulated=True) for f in ("k4t3", "k4")}
+    for sch in schs:
         np.testing.assert_array_equal(_run_conv64(tvm.compile(sch.mod, target=tvm.target.Target(HOST)), args,
                                                   shape), ref)
 
@@ -283,8 +298,8 @@ def test_network_conv_layouts_tensorize_with_amx():
         mod = tvm.IRModule({"main": te.create_prim_func([data, weight, acc])})
         sch = tvm.s_tir.Schedule(mod)
         assert rule.choose_intrin(sch, sch.get_sblock("conv2d_nchwc_int8")) == intrin
-    (sch, *_) = _mod_candidates(mod, SPR, 1, R.amx_space)
-    _check_asm(sch, SPR, intrin)
+    for sch in _mod_candidates(mod, SPR, 1, R.amx_space):
+        _check_asm(sch, SPR, [intrin, intrin.replace("_k4", "_k4t3")])
 
 
 @pytest.mark.slow

@@ -40,7 +40,11 @@ COLSB = 64  # every tile row is 64 bytes: 64 uint8 of A, 16 x 4 int8 of B, 16 in
 K_ROWS = 16  # rows of B: 64 k / 4
 TILE_C, TILE_A, TILE_B = 0, 1, 2
 STRIDES = (1, 2)  # activation row steps (conv strides) with their own intrinsic
-K_FORMS = ("k", "k4")  # one reduction iterator of 64, or 16 x 4 (ic4, ici of a packed conv)
+# the reduction: one iterator of 64 (a dense), 16 x 4 (ic4, ici of a packed conv), or
+# that under a loop over a 3x3 conv's 3 kernel columns ("k4t3": the C tile is loaded and
+# stored once per 3 dots instead of once per dot; A moves one row per column)
+K_FORMS = ("k", "k4", "k4t3")
+TAPS = {"k": 1, "k4": 1, "k4t3": 3}
 
 
 def dot_intrin(rows: int = 16, stride: int = 1, k_form: str = "k4", emulated: bool = False) -> str:
@@ -170,6 +174,48 @@ def _init_impl(c: T.handle, rows: T.int32) -> None:
                                       C.access_ptr("w"), T.int64(sc) * T.int64(4)))
 
 
+@T.prim_func(s_tir=True)
+def _dot_desc_taps(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32,
+                   taps: T.int32) -> None:
+    A = T.match_buffer(a, ((rows - 1) * stride + taps, 64), "uint8", offset_factor=1)
+    B = T.match_buffer(b, (taps, 16, 16, 4), "int8", offset_factor=1)
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1)
+    with T.sblock("root"):
+        T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + taps, 0:64], B[0:taps, 0:16, 0:16, 0:4])
+        T.writes(C[0:rows, 0:16])
+        for m, n, r, k4, ki in T.grid(rows, 16, taps, 16, 4):
+            with T.sblock("update"):
+                vm, vn, vr, vk4, vki = T.axis.remap("SSRRR", [m, n, r, k4, ki])
+                C[vm, vn] = C[vm, vn] + T.cast(A[vm * stride + vr, vk4 * 4 + vki], "int32") * \
+                    T.cast(B[vr, vk4, vn, vki], "int32")
+
+
+@T.prim_func(s_tir=True)
+def _dot_impl_taps(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32,
+                   taps: T.int32) -> None:
+    sa = T.int32()
+    sr = T.int32()
+    sb = T.int32()
+    sc = T.int32()
+    A = T.match_buffer(a, ((rows - 1) * stride + taps, 64), "uint8", offset_factor=1, strides=[sa, 1])
+    B = T.match_buffer(b, (taps, 16, 16, 4), "int8", offset_factor=1, strides=[sr, sb, 4, 1])
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + taps, 0:64], B[0:taps, 0:16, 0:16, 0:4])
+        T.writes(C[0:rows, 0:16])
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_C),
+                                      C.access_ptr("r"), T.int64(sc) * T.int64(4)))
+        for r in T.unroll(taps):
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_A),
+                                          A.access_ptr("r", offset=r * sa), T.int64(sa) * T.int64(stride)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_B),
+                                          B.access_ptr("r", offset=r * sr), T.int64(sb)))
+            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(TILE_C), T.int8(TILE_A),
+                                          T.int8(TILE_B)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(TILE_C),
+                                      C.access_ptr("w"), T.int64(sc) * T.int64(4)))
+
+
 # Plain-code twins of the two impls, for hosts without AMX: the same buffers, base
 # addresses (``elem_offset``) and row strides as the tileloadd/tilestored operands above,
 # each tile read through a flat view of its memory, and tdpbusd's arithmetic as the
@@ -200,6 +246,28 @@ def _dot_impl_emulated(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, str
 
 
 @T.prim_func(s_tir=True)
+def _dot_impl_taps_emulated(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32,
+                            taps: T.int32) -> None:
+    sa = T.int32()
+    sr = T.int32()
+    sb = T.int32()
+    sc = T.int32()
+    A = T.match_buffer(a, ((rows - 1) * stride + taps, 64), "uint8", offset_factor=1, strides=[sa, 1])
+    B = T.match_buffer(b, (taps, 16, 16, 4), "int8", offset_factor=1, strides=[sr, sb, 4, 1])
+    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
+    with T.sblock("root"):
+        T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + taps, 0:64], B[0:taps, 0:16, 0:16, 0:4])
+        T.writes(C[0:rows, 0:16])
+        a_tile = T.decl_buffer((_FLAT,), "uint8", data=A.data)
+        b_tile = T.decl_buffer((_FLAT,), "int8", data=B.data)
+        c_tile = T.decl_buffer((_FLAT,), "int32", data=C.data)
+        for r, m, n, k4, i in T.grid(taps, rows, 16, 16, 4):
+            c_tile[C.elem_offset + m * sc + n] = c_tile[C.elem_offset + m * sc + n] + T.Cast(
+                "int32", a_tile[A.elem_offset + r * sa + m * (sa * stride) + k4 * 4 + i]) * T.Cast(
+                "int32", b_tile[B.elem_offset + r * sr + k4 * sb + n * 4 + i])
+
+
+@T.prim_func(s_tir=True)
 def _init_impl_emulated(c: T.handle, rows: T.int32) -> None:
     sc = T.int32()
     C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
@@ -218,6 +286,10 @@ def _specialize(func, *values):
 
 
 def _make_dot(rows: int, stride: int, k_form: str, emulated: bool = False):
+    if TAPS[k_form] > 1:
+        impl = _dot_impl_taps_emulated if emulated else _dot_impl_taps
+        return (_specialize(_dot_desc_taps, rows, stride, TAPS[k_form]),
+                _specialize(impl, rows, stride, TAPS[k_form]))
     desc = _dot_desc_k if k_form == "k" else _dot_desc_k4
     impl = _dot_impl_emulated if emulated else _dot_impl
     return _specialize(desc, rows, stride), _specialize(impl, rows, stride)
