@@ -201,6 +201,11 @@ def test_seed_run_secs_come_from_the_tuning_runner(tmp_path, fused):
     for i, name in enumerate(names):
         (record,) = records_of(db, pk.normalize(next(k.func for k in ks.kernels if k.name == name)))
         assert [float(s) for s in record.run_secs] == [pytest.approx(1e-3 * (i + 1))]
+    # benching from those logs: dlight measured by the runner too (trials to beat in one unit)
+    again = SpyRunner()
+    _, _, dl_secs, _ = phi2_bench._schedules(ks, target, "decode", 0, True, False, str(tmp_path), print,
+                                             ("dlight", "seeded"), runner=again, builder=FakeBuilder())
+    assert again.calls == 1 and len(dl_secs) == len(names)
 
 
 # ----------------------------------------------------------------------------- JSON and table

@@ -76,11 +76,10 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
     """For one fusion mode: {schedule: {kernel name: scheduled IRModule}}, dlight rules,
     dlight seconds, the database dirs {schedule: path}.
 
-    When tuning, the dlight kernels are first measured by the tuning ``runner`` (default:
-    the stack's cache-flushing LocalRunner; ``builder`` the stack's builder): those seconds
-    seed the seeded database and are what trials-to-beat-dlight compares with.  With
-    ``from_logs`` that pass is skipped (real-size prefill: minutes) and the caller compares
-    the records with the bench's own dlight times."""
+    The dlight kernels are measured by the tuning ``runner`` (default: the stack's
+    cache-flushing LocalRunner; ``builder`` the stack's builder) -- before tuning, where those
+    seconds seed the seeded database, or after opening the databases of ``from_logs`` -- so
+    trials-to-beat-dlight compares seconds the same runner measured (real-size prefill: minutes)."""
     mods = {}
     for k in ks.kernels:
         mods.setdefault(k.name, normalize(k.func))
@@ -126,6 +125,10 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
             if best is None:  # no record: fall back to dlight (seeded) or the plain kernel
                 best = scheduled["dlight"][name] if sched == "seeded" else m
             scheduled[sched][name] = best
+    if dbs and not dl_secs and not build_only:  # from logs: dlight in the records' units, for trials-to-beat
+        runner = runner if runner is not None else make_runner(flush_cache=not is_gpu(target))
+        log(f"  measuring {len(mods)} dlight kernels with the tuning runner (trials to beat dlight)")
+        dl_secs = runner_seconds(scheduled["dlight"], target, runner, builder)
     return scheduled, {n: r for n, (r, _) in dl.items()}, dl_secs, dbs
 
 
@@ -146,7 +149,7 @@ def database_trials(dbs_by_fusion) -> int | None:
 
 def _trials_to_beat(dbs, ks, dl_secs, measured):
     """{schedule: {kernel: trials to beat dlight}} for one fusion mode; dlight's time is the
-    one measured before tuning when this run tuned, else the bench's own median.  Counted in
+    tuning runner's (``_schedules``), else the bench's own median.  Counted in
     the order the candidates were measured (``tvm_ext.tune.kernels``); None where the
     database has no measurement order (not tuned by ``tune_kernels``) or nothing beat dlight."""
     mods = {k.name: normalize(k.func) for k in ks.kernels}

@@ -88,6 +88,6 @@ def _projection_lines(res: dict) -> list:
         for name, ms, bound in entries:
             body.append([proj, name, f"{ms:.3f}", _f(bound, ".3f"), _f(ms / bound if bound else None, ".2f"),
                          _f(ms / ort if ort else None, ".2f")])
-    return ["per projection (ms per call, DRAM; unfused = the matmul alone on float weights; a peer's bound "
-            "counts its own bytes):",
+    return ["per projection (ms per call, DRAM; bound = the fused q4 kernel's bytes / bandwidth, also for the "
+            "unfused matmul, which reads float weights; a peer's bound counts its own bytes, fp32 scales):",
             render(["proj", "source", "ms", "bound", "x bound", "/ort-acc0"], body, "<<>>>>"), ""]
