@@ -187,7 +187,7 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
     # so that a database follows the file's content, not where it lies
     wl.onnx_source = {"path": os.path.abspath(path), "input": name, "output": model.graph.output[0].name,
                       "out_scale": out.q.scale}
-    params = sum(int(np.prod(c.shape)) for s in graph.steps if s.op in ("conv2d_nhwc", "dense") for c in s.consts)
+    params = sum(int(np.prod(i.dims)) for i in model.graph.initializer if len(i.dims) >= 2)  # weights
     return Imported(wl, graph, dict(ops), name, shape, model.graph.output[0].name, out.q.scale, out.q.zp,
                     layers, layout, digest, params)
 

@@ -130,11 +130,10 @@ class Steps:
         return self.conv(name, x, ones, None, stride=stride, pad=pad, groups=c)
 
     def global_pool(self, name, x: QT) -> Pending:
-        """GlobalAveragePool: int32 sum over H, W, requantized with ``scale / (H*W)``."""
-        _, h, w, c = x.shape
-        acc = self.graph.step(name + ".acc", "global_sum", [x.value])
-        hw = h * w
-        return self._acc(name, x, acc, np.full(c, hw, np.int64), np.float32(1.0 / hw), None)
+        """GlobalAveragePool: the window sum over all of H x W (a depthwise conv with weights 1,
+        so that FuseOps folds its requantize into it, as for any conv), scale ``1 / (H*W)``."""
+        _, h, w, _ = x.shape
+        return self.avg_pool(name, x, size=(h, w), stride=1, pad=0)
 
     def _acc(self, name, x: QT, acc: Value, w_sum, w_scale, bias) -> Pending:
         c = acc.shape[-1]

@@ -213,14 +213,6 @@ def global_avg_pool(data, *, spatial=NHWC_SPATIAL):
     )
 
 
-def global_sum(data):
-    """int32 sum over H and W of uint8 NHWC data: ``(N, C)`` (requantized by the caller)."""
-    _, h, w, _ = (int(d) for d in data.shape)
-    rh, rw = te.reduce_axis((0, h), name="rh"), te.reduce_axis((0, w), name="rw")
-    return te.compute((data.shape[0], data.shape[3]),
-                      lambda b, c: te.sum(data[b, rh, rw, c].astype("int32"), axis=[rh, rw]), name="pool_sum")
-
-
 def _shl(x, shift):
     return x * (1 << int(shift)) if shift else x
 

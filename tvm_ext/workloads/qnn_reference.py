@@ -115,11 +115,6 @@ def global_avg_pool(data):
     return ((total + (h * w) // 2) // (h * w)).astype(np.uint8)
 
 
-def global_sum(data):
-    """int32 sum over H and W of uint8 NHWC data: ``(N, C)``."""
-    return data.astype(np.int32).sum(axis=(1, 2), dtype=np.int32)
-
-
 def rescale(x, mult, rshift, *, zp_in, zp_out, lo=0, hi=255, lshift=0):
     """uint8 to another scale: ``clip(qmsa((x - zp_in) << lshift) + zp_out, lo, hi)``."""
     r = q_multiply_shift_per_axis((x.astype(np.int32) - np.int32(zp_in)) << lshift, mult, 0, rshift)
