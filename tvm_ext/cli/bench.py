@@ -12,8 +12,10 @@ def add_parser(sub) -> None:
                     "compile each network, check it bit-exactly against the NumPy reference and "
                     "time all of them interleaved in one process; writes "
                     "tuning_logs/bench-<workload>-<target>.json. phi2-decode / phi2-prefill: "
-                    "fusion on/off x dlight / metaschedule / seeded per kernel with the "
-                    "memory-bandwidth bound.")
+                    "fusion on/off x dlight / metaschedule / seeded (/ rule: the DequantGEMV rule "
+                    "untuned) per kernel with the memory-bandwidth bound, timed with the weights "
+                    "cycled through copies that exceed the last-level cache (DRAM figures; "
+                    "cache-hot ones labelled), and with --peers ort[,torch] per projection.")
     add_workload_args(p)
     p.add_argument("--rulesets", default="plugin,no-inline-const,upstream",
                    help="comma-separated rule sets for int8 workloads (default all three); "
