@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
                         "times ORT MatMulNBits (accuracy_level 0 and 4) and torch bf16/fp32 linear "
                         "on every projection, same q4 weights, same DRAM cycling")
     p.add_argument("--schedules", default=None,
-                   help="phi2: comma-separated schedules to run (default all: dlight,metaschedule,seeded); "
+                   help="phi2: comma-separated schedules to run (default all: dlight,metaschedule,seeded,rule); "
                         "dlight always runs")
     p.add_argument("--layers", action="store_true",
                    help="int8: also time every conv task of the first rule set's database "
