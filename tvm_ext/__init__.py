@@ -22,6 +22,13 @@ __version__ = "0.1.0"
 
 REGISTERED = register_all()
 
+# AMX tile data must be granted by the kernel before the first tile instruction of the
+# process: where /proc/cpuinfo shows amx_tile, ask now (a refusal is kept, not raised:
+# tvm_ext.amx.request_amx() raises it where an AMX module is about to run).
+from .amx import request_amx_if_host_has_it  # noqa: E402
+
+AMX_REFUSED = request_amx_if_host_has_it()
+
 __all__ = ["RULESETS", "default_postprocs", "default_rules", "postprocs", "rules", "space"]
 
 

@@ -287,9 +287,11 @@ def _load(path_workload: str, path_records: str, allow_missing: bool,
           shown: list | None = None) -> ms.database.JSONDatabase:
     """JSONDatabase of two checked files; DatabaseCorrupt naming the line TVM cannot load
     (``shown``: the paths to name, when these are a snapshot's)."""
+    from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
     from tvm_ext.intrinsics.vnni import register_intrinsics
 
-    register_intrinsics()  # records of VNNI-tensorized schedules name our intrinsics
+    register_intrinsics()  # records of VNNI- and AMX-tensorized schedules name our intrinsics
+    register_amx()
     try:
         return _json_database(path_workload, path_records, allow_missing)
     except Exception as err:  # noqa: BLE001 - TVM's FATAL errors: JSON lines that do not load

@@ -11,7 +11,7 @@ Public API
 ----------
 tune_context(mod, target, space, task_name="main") -> ms.TuneContext
 sample_candidates(mod, target, space, n, seed=0, ...) -> list[Schedule]
-non_verify_postprocs(space) -> list[Postproc]
+non_verify_postprocs(space, target) -> list[Postproc]
 cuda_source(sch_or_mod, target) -> str
 compile_cuda, compile_many, CompilePool     re-exported from tvm_ext.nvcc (nvcc, batched)
 count_kernels(mod_or_sch, target=None) -> int
@@ -36,16 +36,18 @@ def tune_context(mod, target, space, task_name: str = "main") -> ms.TuneContext:
                           num_threads=1)
 
 
-def _is_verify(postproc) -> bool:
+def _is_verify(postproc, target) -> bool:
     # TVM's built-in one by type; Python postprocs come back from the FFI as bare
-    # PyPostproc objects, and in tvm_ext's spaces the only one is our VerifyGPUCode.
+    # PyPostproc objects: on cuda the only one in tvm_ext's spaces is our VerifyGPUCode,
+    # on llvm they are needed ones (AMXTileConfig tensorizes the AMX blocks).
     name = type(postproc).__name__
-    return "VerifyGPUCode" in name or name in ("_PyPostproc", "PyPostproc")
+    python = name in ("_PyPostproc", "PyPostproc")
+    return "VerifyGPUCode" in name or (python and target.kind.name == "cuda")
 
 
-def non_verify_postprocs(space) -> list:
-    """The space's postprocessors without any VerifyGPUCode (ours or TVM's)."""
-    return [p for p in space.postprocs if not _is_verify(p)]
+def non_verify_postprocs(space, target) -> list:
+    """The space's postprocessors for ``target`` without any VerifyGPUCode (ours or TVM's)."""
+    return [p for p in space.postprocs if not _is_verify(p, target)]
 
 
 def sample_candidates(mod, target, space, n: int, seed: int = 0, *, context=None,
@@ -67,7 +69,7 @@ def sample_candidates(mod, target, space, n: int, seed: int = 0, *, context=None
     ctx = context if context is not None else tune_context(mod, target, space)
     sketches = list(ctx.space_generator.generate_design_space(mod))
     if postprocs is None:
-        postprocs = non_verify_postprocs(ctx.space_generator)
+        postprocs = non_verify_postprocs(ctx.space_generator, ctx.target)
     rng = random.Random(seed)
     out: list = []
     tries = dropped = 0
