@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from tvm import relax, te, tirx
 
+from .qnn import _pad_hw
 from .qnn_packed import Packed, PackedEmitter, pack_input
 from .qnn_vnni import K_BLOCK, OC_BLOCK, channel_block, pack_conv_weight
 
@@ -44,18 +45,7 @@ def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, 
     assert (o16 * OC_BLOCK) % ob == 0 and ob % OC_BLOCK == 0, (o16, ob)
     oh = (h + 2 * pad - kh) // stride + 1
     ow = (w + 2 * pad - kw) // stride + 1
-    if pad:
-        padded = te.compute(
-            (n, icb, h + 2 * pad, w + 2 * pad, cb),
-            lambda b, c, y, x, ci: tirx.if_then_else(
-                tirx.all(y >= pad, y < h + pad, x >= pad, x < w + pad),
-                data[b, c, y - pad, x - pad, ci],
-                tirx.const(zp_x, "uint8"),
-            ),
-            name="pad",
-        )
-    else:
-        padded = data
+    padded = _pad_hw(data, pad, tirx.const(zp_x, "uint8"), "pad", spatial=(2, 3))
     ric = te.reduce_axis((0, icb), name="ic")
     rkh = te.reduce_axis((0, kh), name="kh")
     rkw = te.reduce_axis((0, kw), name="kw")
