@@ -23,11 +23,12 @@ from tvm_ext.bench.timing import time_interleaved
 PEERS = ("ort", "tvm-onnx")  # tvm-onnx: TVM's own from_onnx on an imported .onnx workload
 
 
-def parse_peers(text: str | None) -> list[str]:
+def parse_peers(text: str | None, known=PEERS, what: str = "peer") -> list[str]:
+    """'a,b' -> ['a', 'b']; ValueError naming an unknown ``what`` and the ``known`` ones."""
     names = [s.strip() for s in (text or "").split(",") if s.strip()]
     for name in names:
-        if name not in PEERS:
-            raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+        if name not in known:
+            raise ValueError(f"unknown {what} {name!r}; known: {', '.join(known)}")
     return names
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_ext.bench.dram import copies_for, seconds_per_call
+from tvm_ext.bench.peers import parse_peers
 
 PEERS = ("ort", "torch")
 PROJECTIONS = ("qkv", "o", "fc1", "fc2", "lm_head")
@@ -36,11 +37,7 @@ ZERO_POINT = 7
 
 def parse(text: str | None) -> list[str]:
     """'ort,torch' -> ['ort', 'torch']; ValueError naming an unknown peer."""
-    names = [s.strip() for s in (text or "").split(",") if s.strip()]
-    for name in names:
-        if name not in PEERS:
-            raise ValueError(f"unknown phi2 peer {name!r}; known: {', '.join(PEERS)}")
-    return names
+    return parse_peers(text, PEERS, "phi2 peer")
 
 
 def projection_shapes(cfg: dict) -> dict:
