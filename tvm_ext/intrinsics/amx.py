@@ -31,8 +31,9 @@ The process needs the kernel's permission for tile data first: ``tvm_ext.amx.req
 """
 from __future__ import annotations
 
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
+
+from tvm_ext.intrinsics import register_once
 
 DOT_PREFIX = "tvm_ext.amx_tdpbusd"
 INIT_PREFIX = "tvm_ext.amx_tilecfg_zero"
@@ -299,25 +300,12 @@ def _make_init(rows: int, emulated: bool = False):
     return _specialize(_init_desc, rows), _specialize(_init_impl_emulated if emulated else _init_impl, rows)
 
 
-def _register(name: str, make) -> str:
-    try:
-        TensorIntrin.get(name)
-        return name
-    except Exception:  # pylint: disable=broad-except
-        pass
-    try:
-        TensorIntrin.register(name, *make())
-    except Exception:  # pylint: disable=broad-except
-        TensorIntrin.get(name)  # registered meanwhile under the same name
-    return name
-
-
 def register_dot(rows: int, stride: int = 1, k_form: str = "k4", emulated: bool = False) -> str:
     """Register (once) the dot intrinsic and its init; returns the dot's name."""
     if not (1 <= rows <= 16 and stride in STRIDES and k_form in K_FORMS):
         raise ValueError(f"no AMX intrinsic for rows={rows} stride={stride} k_form={k_form!r}")
-    _register(init_intrin(rows, emulated), lambda: _make_init(rows, emulated))
-    return _register(dot_intrin(rows, stride, k_form, emulated),
+    register_once(init_intrin(rows, emulated), lambda: _make_init(rows, emulated))
+    return register_once(dot_intrin(rows, stride, k_form, emulated),
                      lambda: _make_dot(rows, stride, k_form, emulated))
 
 

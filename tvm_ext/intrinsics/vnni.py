@@ -14,8 +14,9 @@ from functools import lru_cache
 from typing import Optional
 
 from tvm import tirx
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
+
+from tvm_ext.intrinsics import register_once
 
 AVX512_VNNI_INTRIN = "tvm_ext.dot_16x4_avx512vnni"
 AVX_VNNI_INTRIN = "tvm_ext.dot_16x4_avxvnni"
@@ -103,16 +104,7 @@ def _operand_style() -> bool:
 
 
 def _register(name: str, instr_lanes: int) -> str:
-    try:
-        TensorIntrin.get(name)
-        return name
-    except Exception:  # pylint: disable=broad-except
-        pass
-    try:
-        TensorIntrin.register(name, _dot_16x4_desc, _make_impl(instr_lanes, _operand_style()))
-    except Exception:  # pylint: disable=broad-except
-        TensorIntrin.get(name)  # registered meanwhile under the same name
-    return name
+    return register_once(name, lambda: (_dot_16x4_desc, _make_impl(instr_lanes, _operand_style())))
 
 
 def avx512_vnni_intrin() -> str:
