@@ -35,14 +35,14 @@ from tvm.s_tir.meta_schedule.postproc import RewriteReductionBlock
 from tvm.s_tir.meta_schedule.schedule_rule import (
     MultiLevelTiling,
     PyScheduleRule,
-    ReuseType,
     ScheduleRule,
 )
 from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
 
 from tvm_ext.intrinsics.amx import STRIDES, register_dot
 from tvm_ext.postprocs.amx_tile_config import AUTO_TENSORIZE, amx_blocks, tensorize_with_tile_config
-from tvm_ext.rules.vnni_tensorize import fuse_epilogue, operands_packed, protect_tensorization
+from tvm_ext.rules.vnni_tensorize import (fuse_epilogue, operands_packed, protect_tensorization,
+                                          tiling_options)
 
 TILING_STRUCTURE = "meta_schedule.tiling_structure"
 MIN_ROWS = 4  # below this a tile wastes most of tdpbusd; VNNI does better
@@ -93,15 +93,7 @@ class AMXTensorize(PyScheduleRule):
         # tiles the loops outside the blockized AMX tile (what MultiLevelTilingWithIntrin
         # does after its own tiling, whose applicability check needs an intrinsic whose
         # operands are indexed by plain iterators: the A and B tiles cannot be)
-        self._mlt = MultiLevelTiling(
-            structure="SSRSRS",
-            tile_binds=None,
-            max_innermost_factor=max_innermost_factor,
-            vector_load_lens=None,
-            reuse_read=None,
-            # "must": always a cache whose write-back can take the epilogue
-            reuse_write=ReuseType(req="must", levels=[1, 2], scope="global"),
-        )
+        self._mlt = MultiLevelTiling(**tiling_options(max_innermost_factor))
 
     def _initialize_with_tune_context(self, context) -> None:
         self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access

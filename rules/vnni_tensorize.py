@@ -153,6 +153,15 @@ def protect_tensorization(sch, outer_block) -> None:
     sch.annotate(sch.get_loops(outer_block)[-1], KEEP_SERIAL_ATTR, 1)
 
 
+def tiling_options(max_innermost_factor: int) -> dict:
+    """MultiLevelTiling options around a CPU tensor intrinsic (VNNI here, AMX too): CPU
+    structure, no thread binds or read caches, and always a write cache whose write-back
+    can take the epilogue."""
+    return dict(structure="SSRSRS", tile_binds=None, max_innermost_factor=max_innermost_factor,
+                vector_load_lens=None, reuse_read=None,
+                reuse_write=ReuseType(req="must", levels=[1, 2], scope="global"))
+
+
 @derived_object
 class VNNITensorize(PyScheduleRule):
     """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI, epilogue fused.
@@ -173,16 +182,7 @@ class VNNITensorize(PyScheduleRule):
         self.max_innermost_factor = max_innermost_factor
         self.fuse = fuse
         self._desc = TensorIntrin.get(intrin_name).desc
-        self._mlt = MultiLevelTilingWithIntrin(
-            intrin_name,
-            structure="SSRSRS",
-            tile_binds=None,
-            max_innermost_factor=max_innermost_factor,
-            vector_load_lens=None,
-            reuse_read=None,
-            # "must": always a cache whose write-back can take the epilogue
-            reuse_write=ReuseType(req="must", levels=[1, 2], scope="global"),
-        )
+        self._mlt = MultiLevelTilingWithIntrin(intrin_name, **tiling_options(max_innermost_factor))
         self._context = None
 
     def _initialize_with_tune_context(self, context) -> None:
