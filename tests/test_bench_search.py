@@ -9,7 +9,7 @@ import pytest
 from tvm_ext.cli import main
 
 TINY = ["--rounds", "1", "--population", "4", "--init-min-unmeasured", "4", "--candidates", "2",
-        "--postproc-samples", "2", "--threads", "1", "--quiet"]
+        "--postproc-samples", "2", "--threads", "1", "--space-reps", "1", "--quiet"]
 
 
 def test_tiny_run_writes_one_row_per_configuration(tmp_path, capsys):
@@ -30,6 +30,37 @@ def test_tiny_run_writes_one_row_per_configuration(tmp_path, capsys):
     cuda_posts = {r["space"]: set(r["per_postproc_ms"]) for r in doc["rows"] if r["target"] == "cuda"}
     assert "VerifyGPUCode(tvm_ext)" in cuda_posts["plugin"] and "VerifyGPUCode" in cuda_posts["upstream"]
     assert {(r["target"], r["threads"]) for r in doc["ratios"]} == {("cuda", 1), ("llvm", 1)}
+    assert doc["settings"]["space_reps"] == 1
+    for row in doc["rows"]:
+        assert row["space_generation_ms"] > 0 and row["sketches"] >= 1
+        # our Python rules are timed in the plugin space; TVM's own space has none
+        assert bool(row["rule_ms"]) == (row["space"] == "plugin")
+        assert set(row["rule_ms"]) == set(row["rule_calls"])
+
+
+def test_new_task_times_our_rules_per_design_space_generation(capsys):
+    # phi2's q4 decode GEMV on llvm: our block-attr, constant-scalar and DequantGEMV rules
+    assert main(["bench-search", "--tasks", "phi2-decode-gemv", "--targets", "llvm", *TINY,
+                 "--postproc-samples", "0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["space"]: r for r in doc["rows"]}
+    assert set(rows) == {"plugin", "upstream"} and all(r["task"] == "phi2-decode-gemv" for r in rows.values())
+    plugin = rows["plugin"]
+    assert {"ApplyBlockAttrRule", "InlineConstantScalars", "DequantGEMV"} <= set(plugin["rule_ms"])
+    assert all(ms >= 0 for ms in plugin["rule_ms"].values())
+    # every block of the GEMV went through our rules at least once
+    assert all(n >= 1 for n in plugin["rule_calls"].values())
+    assert plugin["space_generation_ms"] > 0 and rows["upstream"]["rule_ms"] == {}
+    assert plugin["candidates"] >= 1
+
+
+def test_task_list_names_every_task():
+    from tvm_ext.bench.search_tasks import TASKS, task_names
+
+    assert set(TASKS) == {"seed", "resnet-conv-heavy", "resnet-conv-residual", "phi2-decode-gemv",
+                          "phi2-prefill-matmul"}
+    assert task_names(["all"]) == tuple(TASKS)
+    assert task_names(["seed", "all", "seed"]) == tuple(TASKS)
 
 
 def test_table_names_the_ratio(capsys):
@@ -40,7 +71,9 @@ def test_table_names_the_ratio(capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--targets", "rocm"], "unknown target 'rocm'"),
-    (["--tasks", "nope"], "unknown task 'nope'"),
+    (["--tasks", "nope"], "unknown task 'nope'; choose from seed, resnet-conv-heavy, resnet-conv-residual, "
+                          "phi2-decode-gemv, phi2-prefill-matmul or all"),
+    (["--space-reps", "-1"], "--space-reps must be 0 or more"),
     (["--threads", "x"], "--threads takes comma-separated integers"),
     (["--rounds", "0"], "--rounds must be at least 1"),
     (["--threads", "0"], "--threads must be positive"),

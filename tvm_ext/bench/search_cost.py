@@ -17,12 +17,22 @@ candidate one rejects is not passed to the next (``applications`` counts how man
 each saw).  On cuda the CUDA candidates are generated and verified on the CPU: nothing
 runs on a GPU.
 
+Design-space generation is measured apart too (``space_generation_cost``): the median
+milliseconds of one ``generate_design_space`` and, per Python schedule rule of ours, the
+milliseconds spent in its ``apply`` during one (the function's doc says how).
+
+The tasks (``seed``, ResNet-50 int8 convs, phi2 dequantize GEMV / matmul) are in
+``tvm_ext.bench.search_tasks``; ``all`` asks for every one.
+
 Public API
 ----------
 TASKS, SPACES, TARGETS
 run(tasks=("seed",), targets=("cuda", "llvm"), threads=(1, 2), rounds=3, ...) -> dict
     {"target": [...], "settings": {...}, "host": {...}, "rows": [{task, target, space,
-    threads, seconds, seconds_all, candidates, per_postproc_ms}]}; ``out``: written there.
+    threads, seconds, seconds_all, candidates, per_postproc_ms, postproc_applications,
+    space_generation_ms, sketches, rule_ms, rule_calls}]}; ``out``: written there.
+    The last four are per task, target and space (the same in every thread count's row).
+space_generation_cost(mod, target, ruleset, reps=...) -> {ms, sketches, rule_ms, rule_calls}
 ratios(doc) -> list of {task, target, threads, plugin, upstream, ratio}
 """
 from __future__ import annotations
@@ -31,30 +41,11 @@ import statistics
 import time
 from typing import Callable, Optional
 
+from tvm_ext.bench.search_tasks import TARGETS, TASKS, task_names
+from tvm_ext.bench.search_tasks import target as _target
 from tvm_ext.jsonio import write_json
 
 SPACES = ("plugin", "upstream")
-TARGETS = ("cuda", "llvm")
-
-
-def _seed_conv():
-    from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
-
-    return seed_conv_primfunc()
-
-
-# name -> builder of the PrimFunc; measured tasks of issue 16's list
-TASKS: dict = {"seed": _seed_conv}
-
-
-def _target(name: str):
-    from tvm_ext.targets import cuda_target, host_target
-
-    if name == "cuda":
-        return cuda_target("sm_80")
-    if name == "llvm":
-        return host_target()
-    raise ValueError(f"unknown target {name!r}; bench-search knows {', '.join(TARGETS)}")
 
 
 def _check(values, known, what: str) -> tuple:
@@ -131,12 +122,114 @@ def _postproc_name(post) -> str:
     return name
 
 
+def space_generation_cost(mod, target, ruleset: str, *, reps: int) -> dict:
+    """Milliseconds of one design-space generation, and of our Python rules within it.
+
+    ``ms``: the median over ``reps`` calls of ``generate_design_space(mod)`` on the space
+    ``tvm_ext.space(target, ruleset)`` initialized by a ``TuneContext`` (after one call not
+    counted: first-call imports and caches); ``sketches``: how many it returns.
+
+    ``rule_ms`` / ``rule_calls``: per Python schedule rule of the space (ours:
+    ApplyBlockAttrRule, InlineConstantScalars, DequantGEMV and, on x86 with VNNI/AMX, the
+    tensorization rules with their checks), the median milliseconds per generation spent
+    in its ``apply`` and how many blocks it was applied to.  They are measured on a second
+    space with the same rules and postprocs in the same order, each Python rule wrapped in
+    a timing ``PyScheduleRule`` that calls the rule's Python ``apply`` directly; its design
+    space must be the same (same number of sketches) or this raises.  What is not counted:
+    the C++ -> Python call and argument / result conversion of each application (the
+    wrapper pays it in place of the rule), so ``rule_ms`` is the time in our Python code.
+    Removing a rule instead would change the space the other rules see, so it is not done.
+    Empty for ``upstream`` (no Python rules).
+    """
+    import tvm_ext
+    from tvm.s_tir.meta_schedule.space_generator import PostOrderApply
+    from tvm_ext.rulesets import default_postprocs, default_rules, target_kind
+    from tvm_ext.tune.sampling import tune_context
+
+    def generate(gen, irmod) -> tuple:
+        start = time.perf_counter()
+        n = len(gen.generate_design_space(irmod))
+        return 1000 * (time.perf_counter() - start), n
+
+    ctx = tune_context(mod, target, tvm_ext.space(target, ruleset), "bench_search")
+    _ms, sketches = generate(ctx.space_generator, ctx.mod)
+    times = [generate(ctx.space_generator, ctx.mod)[0] for _ in range(reps)]
+    out = {"ms": round(statistics.median(times), 3), "sketches": sketches, "rule_ms": {}, "rule_calls": {}}
+    totals: dict = {}
+    calls: dict = {}
+    rules = [_timed(r, totals, calls) if _is_python_rule(r) else r for r in default_rules(target, ruleset)]
+    if not totals:
+        return out
+    space = PostOrderApply(sch_rules=rules, postprocs=default_postprocs(target, ruleset),
+                           mutator_probs=target_kind(target))
+    tctx = tune_context(mod, target, space, "bench_search")
+    _ms, timed_sketches = generate(tctx.space_generator, tctx.mod)
+    if timed_sketches != sketches:
+        raise RuntimeError(f"the rule-timing space gave {timed_sketches} sketches, the {ruleset} space {sketches}")
+    per_rep: dict = {name: [] for name in totals}
+    for _ in range(reps):
+        for name in totals:
+            totals[name] = 0.0
+            calls[name] = 0
+        generate(tctx.space_generator, tctx.mod)
+        for name, secs in totals.items():
+            per_rep[name].append(1000 * secs)
+    out["rule_ms"] = {name: round(statistics.median(v), 3) for name, v in per_rep.items()}
+    out["rule_calls"] = dict(calls)
+    return out
+
+
+def _is_python_rule(rule) -> bool:
+    # a rule made by a @derived_object class (ours), not one of TVM's C++ rules
+    return getattr(type(rule), "_type", None) == "TVMDerivedObject"
+
+
+_TIMED_RULE = None
+
+
+def _timed(rule, totals: dict, calls: dict):
+    """``rule`` (a Python rule) wrapped so that its ``apply`` time and calls are added up in
+    ``totals`` / ``calls`` under its class name (clones add to the same entries)."""
+    global _TIMED_RULE  # pylint: disable=global-statement -- the class is made once, lazily
+    if _TIMED_RULE is None:
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
+
+        @derived_object
+        class TimedRule(PyScheduleRule):
+            def __init__(self, inner, name, totals, calls):
+                super().__init__()
+                self.inner, self.name, self.totals, self.calls = inner, name, totals, calls
+
+            def _initialize_with_tune_context(self, context) -> None:
+                self.inner._inst._initialize_with_tune_context(context)  # pylint: disable=protected-access
+
+            def apply(self, sch, block):
+                start = time.perf_counter()
+                try:
+                    return self.inner._inst.apply(sch, block)  # pylint: disable=protected-access
+                finally:
+                    self.totals[self.name] += time.perf_counter() - start
+                    self.calls[self.name] += 1
+
+            def clone(self):
+                inner = self.inner._inst.clone()  # pylint: disable=protected-access
+                return TimedRule(inner, self.name, self.totals, self.calls)
+
+        _TIMED_RULE = TimedRule
+    name = type(rule).__name__
+    totals.setdefault(name, 0.0)
+    calls.setdefault(name, 0)
+    return _TIMED_RULE(rule, name, totals, calls)
+
+
 def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, population: int = 32,
         init_min_unmeasured: int = 32, genetic_num_iters: int = 2, candidates: int = 32,
-        postproc_samples: int = 20, seed: int = 0, spaces=SPACES, out: Optional[str] = None,
+        postproc_samples: int = 20, space_reps: int = 5, seed: int = 0, spaces=SPACES,
+        out: Optional[str] = None,
         progress: Optional[Callable[[str], None]] = None) -> dict:
     """Time one batch of measure candidates per configuration (module doc); the JSON document."""
-    tasks = _check(tasks, tuple(TASKS), "task")
+    tasks = task_names(tasks)
     targets = _check(targets, TARGETS, "target")
     spaces = _check(spaces, SPACES, "space")
     threads = tuple(int(t) for t in threads)
@@ -148,14 +241,20 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
         raise ValueError("--threads must be positive integers")
     if postproc_samples < 0:
         raise ValueError("--postproc-samples must be 0 or more")
+    if space_reps < 0:
+        raise ValueError("--space-reps must be 0 or more")
     progress = progress or (lambda _msg: None)
     from tvm_ext.targets import describe_host, target_to_json
 
     tgt = {name: _target(name) for name in targets}
-    mods = {name: TASKS[name]() for name in tasks}
+    mods = {}
+    for t in targets:
+        for name in tasks:
+            progress(f"task {name} {t}: building")
+            mods[(name, t)] = TASKS[name](t)
     settings = {"population": population, "init_min_unmeasured": init_min_unmeasured,
                 "genetic_num_iters": genetic_num_iters, "candidates": candidates, "rounds": rounds,
-                "seed": seed, "postproc_samples": postproc_samples}
+                "seed": seed, "postproc_samples": postproc_samples, "space_reps": space_reps}
     times: dict = {}
     counts: dict = {}
     configs = [(task, t, n, s) for t in targets for task in tasks for n in threads for s in spaces]
@@ -165,7 +264,7 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
         order = [(task, t, n, s) for t in targets for task in tasks for n in threads
                  for s in (spaces if r % 2 == 0 else spaces[::-1])]
         for task, t, n, s in order:
-            secs, got = generate_once(mods[task], tgt[t], s, population=population,
+            secs, got = generate_once(mods[(task, t)], tgt[t], s, population=population,
                                       init_min_unmeasured=init_min_unmeasured,
                                       genetic_num_iters=genetic_num_iters, candidates=candidates,
                                       threads=n, seed=seed)
@@ -177,24 +276,42 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
         for task in tasks:
             for t in targets:
                 for s in spaces:
-                    post[(task, t, s)] = postproc_cost(mods[task], tgt[t], s, samples=postproc_samples, seed=seed)
+                    post[(task, t, s)] = postproc_cost(mods[(task, t)], tgt[t], s, samples=postproc_samples,
+                                                       seed=seed)
                     progress(f"postprocs {task} {t} {s}: {post[(task, t, s)]['postprocs']}")
+    gen = {}
+    if space_reps:
+        for task in tasks:
+            for t in targets:
+                for s in spaces:
+                    gen[(task, t, s)] = g = space_generation_cost(mods[(task, t)], tgt[t], s, reps=space_reps)
+                    progress(f"space generation {task} {t} {s}: {g['ms']} ms, {g['sketches']} sketches, "
+                             f"rules {g['rule_ms']}")
     rows = []
     for task, t, n, s in configs:
         key = (task, t, n, s)
         pc = post.get((task, t, s))
+        posts = pc["postprocs"] if pc else {}
         rows.append({"task": task, "target": t, "space": s, "threads": n,
                      "seconds": round(statistics.median(times[key]), 2),
                      "seconds_all": [round(x, 2) for x in times[key]],
                      "candidates": min(counts[key]),
-                     "per_postproc_ms": {k: v["ms"] for k, v in pc["postprocs"].items()} if pc else None,
-                     "postproc_applications": {k: v["applications"] for k, v in pc["postprocs"].items()} if pc else None})
+                     "per_postproc_ms": {k: v["ms"] for k, v in posts.items()} if pc else None,
+                     "postproc_applications": {k: v["applications"] for k, v in posts.items()} if pc else None,
+                     **_generation_fields(gen.get((task, t, s)))})
     doc = {"target": [target_to_json(tgt[t]) for t in targets], "settings": settings,
            "host": describe_host(), "rows": rows}
     doc["ratios"] = ratios(doc)
     if out:
         write_json(out, doc)
     return doc
+
+
+def _generation_fields(g: Optional[dict]) -> dict:
+    if g is None:
+        return {"space_generation_ms": None, "sketches": None, "rule_ms": None, "rule_calls": None}
+    return {"space_generation_ms": g["ms"], "sketches": g["sketches"], "rule_ms": g["rule_ms"],
+            "rule_calls": g["rule_calls"]}
 
 
 def ratios(doc: dict) -> list:

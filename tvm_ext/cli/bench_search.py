@@ -18,10 +18,14 @@ def add_parser(sub) -> None:
         description="For each task, target, thread count and space (tvm_ext.space plugin / upstream), "
                     "generate one batch of measure candidates with EvolutionarySearch (same settings and "
                     "seed, RandomModel, empty MemoryDatabase), in interleaved rounds; print the median "
-                    "seconds, the ratio plugin/upstream and the milliseconds per postproc per candidate. "
+                    "seconds, the ratio plugin/upstream, the milliseconds per postproc per candidate and per "
+                    "design-space generation (with the part spent in each of our Python rules). "
                     "CUDA candidates are generated and verified on the CPU: no GPU needed. "
                     "Issue 16's settings: --population 256 --init-min-unmeasured 256 --candidates 64.")
-    p.add_argument("--tasks", default="seed", help="comma-separated tasks (known: seed; default seed)")
+    from tvm_ext.bench.search_tasks import TASKS
+
+    p.add_argument("--tasks", default="seed",
+                   help=f"comma-separated tasks, or all (known: {', '.join(TASKS)}; default seed)")
     p.add_argument("--targets", default="cuda,llvm", help="comma-separated: cuda, llvm (default both)")
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept (default 3)")
@@ -31,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--candidates", type=int, default=32, help="measure candidates per batch (default 32)")
     p.add_argument("--postproc-samples", type=int, default=20,
                    help="candidates for the per-postproc timing (default 20; 0 = skip it)")
+    p.add_argument("--space-reps", type=int, default=5,
+                   help="design-space generations timed per task, target and space, with the time in our "
+                        "Python rules (default 5, the median is kept; 0 = skip it)")
     p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -49,7 +56,7 @@ def run(args) -> int:
         _csv(args.tasks), _csv(args.targets), _ints(args.threads), args.rounds,
         population=args.population, init_min_unmeasured=args.init_min_unmeasured,
         genetic_num_iters=args.genetic_iters, candidates=args.candidates,
-        postproc_samples=args.postproc_samples, seed=args.seed, out=args.out,
+        postproc_samples=args.postproc_samples, space_reps=args.space_reps, seed=args.seed, out=args.out,
         progress=progress)
     print(json.dumps(doc) if args.json else format_table(doc))
     return 0
@@ -77,4 +84,19 @@ def format_table(doc: dict) -> str:
     if post_rows:
         lines += ["", "ms per postproc per candidate (single thread, outside the search):",
                   render(["task", "target", "space", "postproc", "ms"], post_rows, "<<<<>")]
+    gen_rows = []
+    for r in doc["rows"]:
+        if r["threads"] == doc["rows"][0]["threads"] and r.get("space_generation_ms") is not None:
+            rules = r["rule_ms"] or {"-": None}
+            for i, (name, ms) in enumerate(rules.items()):
+                first = i == 0
+                gen_rows.append([r["task"] if first else "", r["target"] if first else "",
+                                 r["space"] if first else "", r["sketches"] if first else "",
+                                 r["space_generation_ms"] if first else "", name, ms,
+                                 (r["rule_calls"] or {}).get(name)])
+    if gen_rows:
+        lines += ["", f"ms per design-space generation (median of {s.get('space_reps')}) and in each of our "
+                      "Python rules during one:",
+                  render(["task", "target", "space", "sketches", "generation ms", "rule", "rule ms", "calls"],
+                         gen_rows, "<<<>><>>")]
     return "\n".join(lines)
