@@ -14,6 +14,28 @@ requantize loop vectorized by 4 casts to ``int64x4`` (32 bytes) after lowering; 
 check that looks only at loads and stores accepts it and the candidate then fails in
 codegen.
 
+Staged, because it sits on the hottest path of tuning (evolutionary search applies it
+to thousands of candidates for every batch it measures); ``apply`` runs
+``verify_staged``, which lowers each candidate once at most:
+
+1. MetaSchedule's thread-extent annotations (and the vthread product, if asked) on the
+   scheduled function (a Python walk, no lowering, ~0.3 ms): rejects most sampled candidates,
+   and everything TVM's built-in rejects before lowering.
+2. Can ``tvm.compile``'s own lowering change the verdict? (``tvm_ext.codegen_risk.
+   build_check_needed``, on the scheduled function: a cross-thread reduction, or
+   vectors wide enough to hold a broadcast the codegen writes wrongly.)
+3. No: the short lowering (the built-in's pipeline, ``lower_for_gpu``), then
+   ``check_lowered`` (names the reason) and TVM's GPUCodeVerifier with the built-in's
+   constraints: the built-in's verdict and ours, from one lowering, without the
+   expensive one.
+4. Yes: ``tvm.compile``'s pipeline instead -- the fast form of ``build_lowering`` (no
+   unroll pragmas, no RemoveNoOp/CSE) unless the function has a cross-thread reduction,
+   whose explicit unrolling is a failure of its own -- and every check on the code the
+   CUDA codegen receives: ``check_lowered``, GPUCodeVerifier, the broadcasts.
+
+``verify`` stays the whole, unstaged verdict (every check, full lowering): verify-gpu and
+the replay (``tvm-ext verify-gpu --replay``) compare the staged verdict against it.
+
 Why our own: TVM's built-in postproc returns a bare bool. This one keeps a counter
 of rejection reasons (``reason_counts()``) that a tuning run can print, and the
 last detailed message per reason. Differences from the built-in are deliberate and
@@ -30,13 +52,18 @@ from tvm import tirx
 from tvm.ir.expr import TensorLoad
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
+from tvm.s_tir.analysis import verify_gpu_code
 from tvm.s_tir.stmt import SBlock
 
+from tvm_ext.codegen_risk import build_check_needed, has_cross_thread_reduction
 from tvm_ext.lowering import build_lowering, lower_for_gpu
 from tvm_ext.tir_utils import collect, dtype_bytes, dtype_lanes, prim_funcs
 
 REQUIRED_TARGET_ATTRS = ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")
-MAX_VTHREAD = 8
+MAX_VTHREAD = 8  # the built-in's max_vthread (GPUCodeVerifier)
+# The limit on the product of vthread extents this postproc applied until the search-cost
+# work of issue 16 (tuning_logs/verify-gpu.json was judged with it); off by default now.
+VTHREAD_POLICY = 8
 MAX_VECTOR_BYTES = 16
 
 # Reasons, as counted keys.
@@ -54,11 +81,17 @@ MAX_NARROW_INT_BROADCAST_LANES = 4
 THREAD_ANNOTATION = "thread_extent_annotation"
 LOWERING = "lowering_failed"
 BUILD_PIPELINE = "build_pipeline_failed"
+# TVM's GPUCodeVerifier (the built-in's) rejects the lowered code and none of our checks names why
+BUILTIN_REJECTED = "builtin_rejected"
 
 
-def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target):
+def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target, *, fast: bool = False,
+                         limits: dict | None = None):
     """(reason, message) if ``build_lowering`` raises or leaves a broadcast the CUDA
-    codegen cannot write (``check_broadcasts``), else None.
+    codegen cannot write (``check_broadcasts``), else None.  ``fast``: its fast form.
+    ``limits``: also run the checks of the short pipeline on the same code (ours,
+    ``check_lowered``, then TVM's GPUCodeVerifier with the built-in's constraints), so
+    that one lowering serves every check.
 
     The checks of ``check_lowered`` look at a shorter pipeline (the built-in's).
     Passes it leaves out can fail on their own: with ``pragma_unroll_explicit``
@@ -67,16 +100,31 @@ def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Targ
     such candidates of resnet50's global_avg_pool accepted by both postprocs.
     """
     try:
-        device_mods = build_lowering(func, name, target)
+        device_mods = build_lowering(func, name, target, fast=fast)
     except Exception as err:  # noqa: BLE001 -- tvm.compile would raise the same
         lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
         return BUILD_PIPELINE, (lines[-1] if lines else repr(err))[:200]
     for device_mod in device_mods:
         for _gv, device_func in device_mod.functions.items():
-            verdict = check_broadcasts(device_func.body)
+            verdict = ((check_lowered(device_func, limits) or check_gpu_code(device_func, limits))
+                       if limits is not None else None) or check_broadcasts(device_func.body)
             if verdict is not None:
                 return verdict
     return None
+
+
+def builtin_constraints(limits: dict) -> dict:
+    """The constraints TVM's built-in VerifyGPUCode gives its GPUCodeVerifier."""
+    return {"max_shared_memory_per_block": limits["max_shared_memory_per_block"],
+            "max_threads_per_block": limits["max_threads_per_block"],
+            "max_vthread": MAX_VTHREAD, "max_vector_bytes": MAX_VECTOR_BYTES}
+
+
+def check_gpu_code(func: tirx.PrimFunc, limits: dict):
+    """TVM's GPUCodeVerifier (C++, the built-in's verifier) on lowered code."""
+    if verify_gpu_code(func, builtin_constraints(limits)):
+        return None
+    return BUILTIN_REJECTED, "TVM's GPUCodeVerifier rejects the lowered code; our checks name no reason"
 
 
 def target_limits(target: tvm.target.Target) -> dict:
@@ -99,8 +147,9 @@ def _thread_tag(loop: tirx.For):
     return None if binding is None else str(binding.thread_tag)
 
 
-def check_thread_annotations(func: tirx.PrimFunc, warp_size: int):
-    """Check MetaSchedule's thread-extent bounds on blocks and the vthread product.
+def check_thread_annotations(func: tirx.PrimFunc, warp_size: int, vthread_limit: int | None = None):
+    """Check MetaSchedule's thread-extent bounds on blocks (as the built-in does) and,
+    with ``vthread_limit``, the product of vthread extents (``VerifyGPUCode``'s doc).
 
     Works on the scheduled (unlowered) function, where loops still carry their
     thread bindings. Returns (reason, message) or None.
@@ -124,11 +173,11 @@ def check_thread_annotations(func: tirx.PrimFunc, warp_size: int):
             problems.append((THREAD_ANNOTATION, f"dynamic extent of {tag}"))
             return None
         extent = int(loop.extent.value)
-        if tag.startswith("vthread"):
+        if tag.startswith("vthread") and vthread_limit is not None:
             others = [v for k, v in extents.items() if k.startswith("vthread") and k != tag]
             vthreads = _product(others + [extent])
-            if vthreads > MAX_VTHREAD:
-                problems.append((VTHREAD, f"{vthreads} virtual threads > {MAX_VTHREAD}"))
+            if vthreads > vthread_limit:
+                problems.append((VTHREAD, f"{vthreads} virtual threads > {vthread_limit}"))
         return scoped({tag: extent}, loop, visitor)
 
     def on_block(block, visitor):
@@ -248,17 +297,53 @@ class ReasonLog:
                 self.examples[reason] = message
 
 
-def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict):
-    """Verdict for a scheduled module: None if accepted, else (reason, message)."""
+def check_short(func: tirx.PrimFunc, name: str, target: tvm.target.Target, limits: dict, *,
+                gpu_code: bool = False):
+    """The short lowering (``lower_for_gpu``, the built-in's pipeline) and ``check_lowered``
+    on it; ``gpu_code``: then TVM's GPUCodeVerifier too, with the built-in's constraints
+    (what the built-in decides after its thread-extent check, which ours covers)."""
+    try:
+        lowered = lower_for_gpu(func, name, target)
+    except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
+        return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
+    return check_lowered(lowered, limits) or (check_gpu_code(lowered, limits) if gpu_code else None)
+
+
+def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build: bool = True,
+           vthread_limit: int | None = None):
+    """Verdict for a scheduled module: None if accepted, else (reason, message).
+
+    Every check, unstaged, with the full ``build_lowering``: the reference verdict.
+    ``build=False`` leaves out ``check_build_pipeline``: the cheap checks only, which can
+    accept what the whole verdict rejects.  ``vthread_limit``: as in ``VerifyGPUCode``
+    (``VTHREAD_POLICY`` reproduces the verdicts of tuning_logs/verify-gpu.json).
+    """
     for name, func in prim_funcs(mod):
-        verdict = check_thread_annotations(func, limits["thread_warp_size"])
+        verdict = (check_thread_annotations(func, limits["thread_warp_size"], vthread_limit)
+                   or check_short(func, name, target, limits)
+                   or (check_build_pipeline(func, name, target) if build else None))
         if verdict is not None:
             return verdict
-        try:
-            lowered = lower_for_gpu(func, name, target)
-        except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
-            return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
-        verdict = check_lowered(lowered, limits) or check_build_pipeline(func, name, target)
+    return None
+
+
+def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vthread_limit: int | None = None):
+    """The verdict of ``verify``, each candidate lowered once (module doc, stages 1-4)."""
+    funcs = list(prim_funcs(mod))
+    for _name, func in funcs:
+        verdict = check_thread_annotations(func, limits["thread_warp_size"], vthread_limit)
+        if verdict is not None:
+            return verdict
+    build = any(build_check_needed(func) is not None for _name, func in funcs)
+    for name, func in funcs:
+        if not build:
+            verdict = check_short(func, name, target, limits, gpu_code=True)
+        else:
+            verdict = check_build_pipeline(func, name, target, fast=not has_cross_thread_reduction(func),
+                                           limits=limits)
+            if verdict is not None and verdict[0] == BUILD_PIPELINE:
+                # rare: name it as ``verify`` does where the short lowering already tells why
+                verdict = check_short(func, name, target, limits) or verdict
         if verdict is not None:
             return verdict
     return None
@@ -266,11 +351,21 @@ def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict):
 
 @derived_object
 class VerifyGPUCode(PyPostproc):
-    """Postproc: accept a candidate only if its lowered GPU code fits the target."""
+    """Postproc: accept a candidate only if its lowered GPU code fits the target.
 
-    def __init__(self, log: ReasonLog | None = None) -> None:
+    ``vthread_limit``: also reject a candidate whose nested vthread extents multiply to
+    more than this (a register-pressure policy, not a compile check: such candidates
+    compile and run).  Off by default, as in TVM's built-in, which limits vthreads only
+    where its verifier still sees them.  It used to be on (8, ``VTHREAD_POLICY``); in a
+    search it rejected more candidates than every other check together, so the search
+    sampled ~1.6x as many candidates as with the built-in for the same accepted batch
+    (resnet50 conv task, tuning_logs/README.md, issue 16).
+    """
+
+    def __init__(self, log: ReasonLog | None = None, vthread_limit: int | None = None) -> None:
         super().__init__()
         self.log = log if log is not None else ReasonLog()
+        self.vthread_limit = vthread_limit
         self.target = None
         self.limits = None
 
@@ -281,12 +376,12 @@ class VerifyGPUCode(PyPostproc):
         self.limits = target_limits(context.target)
 
     def apply(self, sch) -> bool:
-        verdict = verify(sch.mod, self.target, self.limits)
+        verdict = verify_staged(sch.mod, self.target, self.limits, self.vthread_limit)
         self.log.record(verdict)
         return verdict is None
 
     def clone(self):
-        other = VerifyGPUCode(self.log)
+        other = VerifyGPUCode(self.log, self.vthread_limit)
         other.target, other.limits = self.target, self.limits
         return other
 

@@ -112,13 +112,18 @@ def copy_over_vthreads(x, y):
     return sch
 
 
-def test_more_than_8_virtual_threads_are_rejected():
-    """4 x 4 nested vthreads: the product (16) counts, not each extent.  Stricter than TVM's
-    built-in on purpose (it checks after InjectVirtualThread removed them and accepts)."""
-    reason, message = verdict(copy_over_vthreads(4, 4))
-    assert reason == "vthread" and "16 virtual threads" in message
+def test_the_vthread_product_limit_is_opt_in():
+    """4 x 4 nested vthreads: accepted by default, as TVM's built-in does (it checks after
+    InjectVirtualThread removed them); with ``vthread_limit=8`` (the policy until issue 16)
+    the product (16) counts, not each extent."""
+    assert verdict(copy_over_vthreads(4, 4)) is None
     assert builtin_accepts(copy_over_vthreads(4, 4))
-    assert verdict(copy_over_vthreads(2, 4)) is None
+    strict = initialized(VerifyGPUCode(vthread_limit=8))
+    assert not strict.apply(copy_over_vthreads(4, 4))
+    assert strict.clone().apply(copy_over_vthreads(2, 4))  # the clone keeps the limit: 8 is fine
+    assert not strict.clone().apply(copy_over_vthreads(4, 4))
+    assert strict.reason_counts() == {"vthread": 2}
+    assert "16 virtual threads > 8" in strict.reason_examples()["vthread"]
 
 
 # ---------------------------------------------------------------- vector widths
@@ -394,9 +399,6 @@ def test_agrees_with_builtin_on_sampled_candidates_of_the_seed_conv(n):
       the vectorized zero-point padding; TVM's CUDA codegen emits it as make_uintN with one
       argument per lane and nvcc fails ("too many arguments in function call"), so TVM's
       acceptance is wrong (see test_narrow_integer_broadcast_over_4_lanes_is_rejected).
-    - "vthread" (ours rejects, TVM accepts): we bound the product of vthread extents of the
-      scheduled loops by 8; TVM checks after InjectVirtualThread removed them. Stricter on
-      purpose (register pressure); verify-gpu showed such candidates do compile.
     There must be none where we accept and TVM rejects: we check a superset of the same
     limits after the same lowering.
     """
@@ -405,7 +407,7 @@ def test_agrees_with_builtin_on_sampled_candidates_of_the_seed_conv(n):
     from tvm_ext.tune.sampling import sample_candidates
     from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
 
-    deliberate = {"vector_width:broadcast", "vthread"}
+    deliberate = {"vector_width:broadcast"}
     target = cuda_target()
     mod = tvm.IRModule({"main": seed_conv_primfunc(image=14, channels=32)})
     candidates = sample_candidates(mod, target, tvm_ext.space(target), n, seed=0)
@@ -425,3 +427,73 @@ def test_agrees_with_builtin_on_sampled_candidates_of_the_seed_conv(n):
     assert 0 < accepted < len(candidates)  # both kinds of decision occur
     assert unexplained == [], f"{len(unexplained)} unexplained disagreements: {unexplained[:3]}"
     assert explained <= len(candidates) // 10  # agreement stays at 90 % or more
+
+
+# ---------------------------------------------------------------- staged checks (issue 16)
+def _no_build_lowering(monkeypatch):
+    import tvm_ext.postprocs.verify_gpu_code as vgc
+
+    def fail(*_args, **_kwargs):
+        raise AssertionError("tvm.compile's lowering ran on a candidate the cheap checks decide")
+
+    monkeypatch.setattr(vgc, "build_lowering", fail)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: int32_copy(vec=1, threads=2048), "threads_per_block"),
+    (lambda: staged_column_sum(rows=128), "shared_memory"),
+])
+def test_a_candidate_the_builtin_rejects_is_rejected_without_the_build_lowering(monkeypatch, make, reason):
+    """No vector wide enough for a bad broadcast, no cross-thread reduction: the short
+    lowering decides, tvm.compile's lowering never runs, and the reason is named."""
+    sch = make()
+    assert not builtin_accepts(sch)
+    _no_build_lowering(monkeypatch)
+    got, _message = verdict(sch)
+    assert got == reason
+
+
+def test_what_the_builtin_accepts_but_nvcc_rejects_is_still_rejected():
+    """The built-in's blind spots (the cross-thread reduction unrolled explicitly, a uint8x8
+    broadcast) go through tvm.compile's lowering and are rejected as before."""
+    bad = pooled_sum_with_cross_thread_reduction(unroll_explicit=True)
+    assert builtin_accepts(bad)
+    assert verdict(bad)[0] == "build_pipeline_failed"
+    broadcast = Schedule(add_uint8_constant(8))
+    assert builtin_accepts(broadcast)
+    assert verdict(broadcast)[0] == "vector_width:broadcast"
+    # int64x4 after LowerIntrin: wide 64-bit vectors take the same path and stay rejected
+    assert verdict(vectorized_requantize(4))[0] == "vector_width:cast"
+
+
+def test_the_built_in_verifier_rejects_what_our_checks_do_not_name():
+    """Stage 3 ends with TVM's GPUCodeVerifier (the built-in's constraints): a target that
+    allows fewer threads than our limits see is rejected as ``builtin_rejected``."""
+    from tvm_ext.postprocs.verify_gpu_code import BUILTIN_REJECTED, check_gpu_code
+    from tvm_ext.lowering import lower_for_gpu
+
+    target = cuda_target()
+    lowered = lower_for_gpu(int32_copy(vec=4, threads=128).mod["main"], "main", target)
+    limits = dict(target_limits(target))
+    assert check_gpu_code(lowered, limits) is None
+    limits["max_threads_per_block"] = 64
+    assert check_gpu_code(lowered, limits)[0] == BUILTIN_REJECTED
+
+
+def test_staged_verdicts_equal_the_whole_ones_on_sampled_candidates():
+    """On sampled seed-conv candidates, the postproc (staged, one lowering) accepts and
+    rejects exactly what ``verify`` (every check, full lowering) does."""
+    import tvm_ext
+    from tvm_ext.postprocs.verify_gpu_code import verify
+    from tvm_ext.tune.sampling import sample_candidates
+    from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc
+
+    target = cuda_target()
+    mod = tvm.IRModule({"main": seed_conv_primfunc(image=14, channels=32)})
+    candidates = sample_candidates(mod, target, tvm_ext.space(target), 32, seed=1)
+    limits = target_limits(target)
+    post = initialized(VerifyGPUCode())
+    staged = [post.apply(sch) for sch in candidates]
+    whole = [verify(sch.mod, target, limits) is None for sch in candidates]
+    assert staged == whole
+    assert 0 < sum(staged) < len(staged)

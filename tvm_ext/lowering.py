@@ -12,6 +12,7 @@ from typing import Iterable
 import tvm
 import tvm_ffi
 from tvm import tirx
+from tvm.ir.instrument import pass_instrument
 from tvm.s_tir import transform as stx
 from tvm.s_tir.schedule import Schedule
 from tvm.tirx import transform as ttx
@@ -58,15 +59,63 @@ def lower_for_gpu(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> 
     return mod[name]
 
 
-def build_lowering(func: tirx.PrimFunc, name: str, target: tvm.target.Target) -> list:
+# Loop annotations that make TVM's UnrollLoop pass unroll (RewriteParallelVectorizeUnroll
+# turns MetaSchedule's unroll decision into these).
+UNROLL_PRAGMAS = ("pragma_auto_unroll_max_step", "pragma_unroll_explicit")
+# Passes of TVM's pipeline that only delete statements (no-ops) or share expressions: the
+# slow ones (RemoveNoOp alone is a third of the pipeline on a conv candidate).  Leaving
+# them out cannot add a failure or a vector shape; it can only keep code they would delete.
+FAST_SKIPPED_PASSES = ("tirx.RemoveNoOp",)
+FAST_CONFIG = {"tirx.disable_cse_tir": True}  # CommonSubexprElim, by TVM's own switch
+
+
+def without_unroll_pragmas(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with the unroll pragmas taken off its loops (the loops stay as they are)."""
+
+    def strip(loop):
+        ann = loop.annotations
+        if not any(key in ann for key in UNROLL_PRAGMAS):
+            return loop
+        kept = {k: v for k, v in ann.items() if k not in UNROLL_PRAGMAS}
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body, loop.thread_binding, kept)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, strip)]))
+
+
+@pass_instrument
+class _SkipPasses:
+    """Pass instrument: TVM's pipeline as it is, minus the passes named."""
+
+    def __init__(self, names) -> None:
+        self.names = frozenset(names)
+
+    def should_run(self, _mod, info) -> bool:
+        return info.name not in self.names
+
+
+def build_lowering(func: tirx.PrimFunc, name: str, target: tvm.target.Target, *, fast: bool = False) -> list:
     """The lowering ``tvm.compile`` runs for ``target`` (TVM's own default TIR pipeline,
     host/device split, device finalisation; everything but code generation): the
-    device IRModules as the CUDA codegen receives them.  Raises what TVM raises."""
+    device IRModules as the CUDA codegen receives them.  Raises what TVM raises.
+
+    ``fast=True``: the same pipeline on the candidate without its unroll pragmas
+    (``without_unroll_pragmas``) and without ``FAST_SKIPPED_PASSES`` / CSE.  Unrolling
+    multiplies the code every later pass walks (0.1-0.9 s per valid conv candidate
+    against 25-60 ms without).  For VerifyGPUCode's build checks, which look for pipeline
+    failures and for broadcast shapes, not at code size; the one failure known to need
+    unrolling (a cross-thread reduction copied by explicit unrolling) is checked with
+    ``fast=False`` by the caller.  Validated by replaying verify-gpu's candidates.
+    """
     from tvm.tirx.build import split_host_device_mods
 
+    if fast:
+        func = without_unroll_pragmas(func)
     func = func.with_attr("global_symbol", name).with_attr("tirx.noalias", True)
     host = tvm.target.Target("llvm" if tvm.runtime.enabled("llvm") else "c")
-    with tvm.transform.PassContext(opt_level=3):
+    context = (tvm.transform.PassContext(opt_level=3, instruments=[_SkipPasses(FAST_SKIPPED_PASSES)],
+                                         config=FAST_CONFIG)
+               if fast else tvm.transform.PassContext(opt_level=3))
+    with context:
         mod = ttx.BindTarget(target.with_host(host))(tvm.IRModule({name: func}))
         pipeline, _host_passes, device_passes = tvm.tirx.get_default_tir_pipeline(target)
         _host_mod, device_mods = split_host_device_mods(pipeline(mod))

@@ -23,7 +23,8 @@ REASON_NOTES = {
                          "(cudaErrorInvalidConfiguration / launch-bounds mismatch)",
     "shared_memory": "run time: more shared memory than the per-block limit fails to launch "
                      "(ptxas only catches static allocations over 48 KiB)",
-    "vthread": "policy: at most 8 as the product of vthread extents of the scheduled loops (a "
+    "vthread": "policy, opt-in since issue 16 (VerifyGPUCode(vthread_limit=8); tuning_logs/verify-gpu.json "
+               "was judged with it): at most 8 as the product of vthread extents of the scheduled loops (a "
                "register-pressure heuristic); the built-in's max_vthread=8 looks after InjectVirtualThread "
                "removed them; compiles and runs",
     "thread_extent_annotation": "policy, shared with TVM's built-in: the sketch's "
@@ -38,6 +39,8 @@ REASON_NOTES = {
     "lowering_failed": "TVM's GPU lowering raised",
     "build_pipeline_failed": "codegen: tvm.compile's own lowering raises (e.g. LowerThreadAllreduce "
                              "on a cross-thread reduction that UnrollLoop copied)",
+    "builtin_rejected": "the staged postproc (apply): TVM's GPUCodeVerifier, with the built-in "
+                        "VerifyGPUCode's constraints, rejects the lowered code and our checks name no reason",
 }
 
 

@@ -9,7 +9,12 @@ def add_parser(sub) -> None:
                     "and TVM's built-in one, compile each candidate's CUDA source with nvcc, and print "
                     "the confusion matrix per task and in total (accepted/rejected x compiles/fails), "
                     "the rejection reasons and the agreement with the built-in. No GPU needed.")
-    p.add_argument("workload", help="conv2d-int8, resnet50-int8, phi2-decode or phi2-prefill")
+    p.add_argument("workload", nargs="?", help="conv2d-int8, resnet50-int8, phi2-decode or phi2-prefill")
+    p.add_argument("--replay", metavar="FILE",
+                   help="instead of a new run: draw again the candidates of the verify-gpu document FILE "
+                        "(e.g. tuning_logs/verify-gpu.json) and compare the staged postproc's decisions "
+                        "(what a search runs) with the whole verdict; nvcc settles any that moved "
+                        "(--tasks, --out, --json, --quiet apply)")
     p.add_argument("--samples", type=int, default=100, help="candidates per task (default 100)")
     p.add_argument("--arch", default="sm_80", choices=("sm_75", "sm_80", "sm_90"), help="nvcc arch (default sm_80)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -37,6 +42,11 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import json
 
+    if args.replay:
+        return _replay(args)
+    if not args.workload:
+        raise ValueError("verify-gpu needs a WORKLOAD (conv2d-int8, resnet50-int8, phi2-decode, phi2-prefill) "
+                         "or --replay FILE")
     from tvm_ext.check import verify_gpu
 
     doc = verify_gpu.run(args.workload, samples=args.samples, arch=args.arch, tasks=args.tasks,
@@ -78,4 +88,41 @@ def format_table(doc: dict) -> str:
     b = tot["builtin"]
     lines.append(f"built-in alone: accepted+compiles {b['accepted_compiles']}, accepted+fails {b['accepted_fails']}, "
                  f"rejected+compiles {b['rejected_compiles']}, rejected+fails {b['rejected_fails']}")
+    return "\n".join(lines)
+
+
+def _replay(args) -> int:
+    import json
+    import sys
+
+    from tvm_ext.check.verify_gpu_replay import replay
+
+    if args.workload:
+        raise ValueError("--replay FILE takes its workloads from FILE; give no WORKLOAD with it")
+    doc = replay(args.replay, tasks=args.tasks, out=args.out,
+                 progress=None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True)))
+    print(json.dumps(doc) if args.json else format_replay(doc))
+    return 1 if doc["moved_where_nvcc_disagrees"] else 0
+
+
+def format_replay(doc: dict) -> str:
+    """Per task: decisions moved, reasons changed, same candidates, ms per candidate."""
+    from tvm_ext.cli.table import render
+
+    rows = [[f"{t['workload']}:{t['task']}"[:48], t["samples"], t["verdicts_moved"], t["reasons_changed"],
+             "yes" if t["same_candidates_as_committed"] else "NO",
+             t["ms_per_candidate"]["unstaged"], t["ms_per_candidate"]["staged"]] for t in doc["tasks"]]
+    ms = doc["ms_per_candidate"]
+    lines = [f"verify-gpu --replay {doc['replayed']}  arch {doc['arch']}",
+             render(["task", "n", "moved", "reasons", "same", "ms whole", "ms staged"], rows, "<>>>>>>"),
+             "",
+             f"{doc['samples']} candidates of {doc['tasks_replayed']} tasks: {doc['verdicts_moved']} decisions moved "
+             f"({doc['moved_where_nvcc_disagrees']} where nvcc disagrees with the staged one, "
+             f"{doc['accepted_and_fails']} accepted-and-fails), {doc['reasons_changed']} reasons changed; "
+             f"same candidates as committed: {'yes' if doc['same_candidates_as_committed'] else 'NO'}; "
+             f"ms per candidate: whole {ms['unstaged']}, staged {ms['staged']}"]
+    for t in doc["tasks"]:
+        for m in t["moved"]:
+            lines.append(f"  moved {t['task']} #{m['sample']}: whole {m['unstaged']}, staged {m['staged']}, "
+                         f"nvcc {'compiles' if m['nvcc_compiles'] else 'fails'}")
     return "\n".join(lines)
