@@ -143,3 +143,15 @@ def test_fast_build_lowering_gives_the_same_vectors():
 
     full, fast = build_lowering(func, "main", target), build_lowering(func, "main", target, fast=True)
     assert vector_types(full) == vector_types(fast) and ("Broadcast", "int32x4") in vector_types(fast)
+
+
+def test_vectors_already_in_the_function_need_the_build_check():
+    """A tensor intrinsic's body (or hand-written TIR) can hold vectors no vectorized loop
+    announces: those functions always go through tvm.compile's lowering."""
+    @T.prim_func(s_tir=True)
+    def func(a: T.Buffer((64,), "uint8"), b: T.Buffer((64,), "uint8")):
+        for bx in T.thread_binding(8, thread="blockIdx.x"):
+            with T.sblock("b"):
+                vb = T.axis.spatial(8, bx)
+                b[T.Ramp(vb * 8, 1, 8)] = a[T.Ramp(vb * 8, 1, 8)]
+    assert build_check_needed(func) == "vector expressions before lowering"

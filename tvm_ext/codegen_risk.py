@@ -122,10 +122,13 @@ def build_check_needed(func: tirx.PrimFunc) -> Optional[str]:
     the verdict."""
     if has_cross_thread_reduction(func):
         return "cross-thread reduction"
-    if _vector_exprs(func.body):
-        return "vector expressions before lowering"
     why: list = []
-    wide = _wide_indices(func)
+    wide: list = []  # _wide_indices(func), computed once if a loop needs it
+
+    def has_64bit(body) -> bool:
+        if not wide:
+            wide.append(_wide_indices(func))
+        return _has_64bit(body, wide[0])
     # nested vectorized loops multiply their lanes: visit the inner ones with the product
     stack: list = []
 
@@ -139,7 +142,7 @@ def build_check_needed(func: tirx.PrimFunc) -> Optional[str]:
         if lanes > SAFE_LANES:
             why.append(f"{lanes} lanes")
             return None
-        if lanes > SAFE_LANES_64BIT and _has_64bit(loop.body, wide):
+        if lanes > SAFE_LANES_64BIT and has_64bit(loop.body):
             why.append(f"{lanes} lanes with 64-bit values")
             return None
         stack.append(lanes)
@@ -149,4 +152,6 @@ def build_check_needed(func: tirx.PrimFunc) -> Optional[str]:
             stack.pop()
 
     tvm_ffi.structural_visit(func.body, [(tirx.For, visit)])
-    return why[0] if why else None
+    if why:
+        return why[0]
+    return "vector expressions before lowering" if _vector_exprs(func.body) else None
