@@ -125,9 +125,24 @@ def replay_task(workload: str, name: str, mod, target, arch: str, samples: int, 
     }
 
 
+def _finished(out: Optional[str], path: str) -> dict:
+    """Tasks an interrupted replay of the same document already wrote to ``out``."""
+    if not out:
+        raise ValueError("--resume needs --out FILE: the replay whose finished tasks it keeps")
+    try:
+        with open(out, encoding="utf-8") as f:
+            old = json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    if old.get("replayed") != path:
+        return {}
+    return {(r["workload"], r["task"]): r for r in old.get("tasks", [])}
+
+
 def replay(path: str, tasks: Optional[str] = None, out: Optional[str] = None,
-           progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Replay every (selected) task of the verify-gpu document at ``path`` (module doc)."""
+           progress: Optional[Callable[[str], None]] = None, resume: bool = False) -> dict:
+    """Replay every (selected) task of the verify-gpu document at ``path`` (module doc);
+    ``resume``: keep the tasks an earlier replay of the same document wrote to ``out``."""
     from tvm_ext.check.verify_gpu import select_tasks, workload_tasks
     from tvm_ext.targets import cuda_target
 
@@ -136,9 +151,17 @@ def replay(path: str, tasks: Optional[str] = None, out: Optional[str] = None,
     arch = doc["arch"]
     target = cuda_target(arch)
     recorded = [(_workload_of(doc, t), t) for t in doc["tasks"]]
+    position: Counter = Counter()
+    for workload, task in recorded:
+        if "seed" not in task:
+            # runs before seeds were recorded: task k of the run sampled with seed k (all
+            # tasks chosen, in the document's order); same_candidates_as_committed confirms it
+            task.setdefault("seed", position[workload])
+        position[workload] += 1
     chosen = select_tasks([(f"{w}:{t['task']}", 0, (w, t)) for w, t in recorded], tasks)
     extracted: dict = {}
-    results = []
+    results = list(_finished(out, path).values()) if resume else []
+    done = {(r["workload"], r["task"]) for r in results}
     start = time.time()
 
     def document(complete: bool) -> dict:
@@ -159,6 +182,8 @@ def replay(path: str, tasks: Optional[str] = None, out: Optional[str] = None,
         }
 
     for k, (_label, _w, (workload, task)) in enumerate(chosen):
+        if (workload, task["task"]) in done:
+            continue
         if workload not in extracted:
             extracted[workload] = {n: m for n, _wt, m in workload_tasks(workload, target)}
         mod = extracted[workload].get(task["task"])

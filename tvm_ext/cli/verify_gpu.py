@@ -99,7 +99,7 @@ def _replay(args) -> int:
 
     if args.workload:
         raise ValueError("--replay FILE takes its workloads from FILE; give no WORKLOAD with it")
-    doc = replay(args.replay, tasks=args.tasks, out=args.out,
+    doc = replay(args.replay, tasks=args.tasks, out=args.out, resume=args.resume,
                  progress=None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True)))
     print(json.dumps(doc) if args.json else format_replay(doc))
     return 1 if doc["moved_where_nvcc_disagrees"] else 0
