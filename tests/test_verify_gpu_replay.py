@@ -84,3 +84,23 @@ def test_same_reasons_allows_only_the_audited_broadcast_change():
     assert not same_reasons({"vthread": 3}, committed)  # two fixed, only one compiled
     assert not same_reasons({"vthread": 2, "vector_width:broadcast": 2}, committed)
     assert not same_reasons({"vthread": 3, "vector_width:broadcast": 3}, committed)
+
+
+def test_resume_keeps_the_finished_tasks(tmp_path, capsys, monkeypatch):
+    """An interrupted replay written to --out is not drawn again with --resume."""
+    import tvm_ext.check.verify_gpu_replay as replay_mod
+
+    path = _document(tmp_path, {"shared_memory": 6}, samples=2)
+    out = tmp_path / "replay.json"
+    assert main(["verify-gpu", "--replay", str(path), "--out", str(out), "--quiet", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+
+    def fail(*_args, **_kwargs):
+        raise AssertionError("a finished task was replayed again")
+
+    monkeypatch.setattr(replay_mod, "replay_task", fail)
+    assert main(["verify-gpu", "--replay", str(path), "--out", str(out), "--resume", "--quiet", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["tasks"] == first["tasks"] and again["complete"]
+    assert main(["verify-gpu", "--replay", str(path), "--resume"]) == 2  # --resume needs --out
+    assert "--resume needs --out" in capsys.readouterr().err
