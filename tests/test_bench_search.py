@@ -82,3 +82,23 @@ def test_bad_flags_are_one_line(flags, message, capsys):
     assert main(["bench-search", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
+
+
+@pytest.mark.parametrize("flags, seeds", [([], [5, 6]), (["--same-seed"], [5, 5])])
+def test_round_r_searches_with_seed_plus_r_unless_same_seed(monkeypatch, capsys, flags, seeds):
+    """Both spaces get the same seed in a round; rounds differ unless --same-seed."""
+    from tvm_ext.bench import search_cost
+
+    used = []
+
+    def fake(mod, target, ruleset, **kw):
+        used.append((ruleset, kw["seed"]))
+        return 1.0, 2
+
+    monkeypatch.setattr(search_cost, "generate_once", fake)
+    args = ["bench-search", "--targets", "llvm", "--rounds", "2", "--seed", "5", "--threads", "1",
+            "--postproc-samples", "0", "--space-reps", "0", "--quiet", "--json", *flags]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["settings"]["seeds"] == seeds
+    assert sorted(used) == sorted((s, seed) for seed in seeds for s in ("plugin", "upstream"))

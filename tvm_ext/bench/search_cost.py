@@ -8,7 +8,11 @@ iterations and seed for both spaces), ``RandomModel`` and an empty ``MemoryDatab
 only ``generate_measure_candidates()`` is timed (sampling the initial population, the
 genetic iterations, every postproc on every candidate they try).  Rounds are
 interleaved (round r measures every configuration once, spaces alternating) and the
-median of the rounds is reported.
+median of the rounds is reported.  Round r searches with seed ``seed + r`` in both
+spaces (``same_seed=True``: ``seed`` in every round): a search's path depends on its seed
+and on every verdict it meets, so two spaces that differ in a few verdicts follow
+different paths and try different numbers of candidates for the same batch (TVM's own
+space alone tries 383-480 on one conv task over seeds 1-3); one seed times one path.
 
 Per-postproc cost is measured apart, single-threaded, outside the search: candidates
 are re-sampled from the space's sketches (random decisions, no postproc), then each
@@ -226,7 +230,7 @@ def _timed(rule, totals: dict, calls: dict):
 def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, population: int = 32,
         init_min_unmeasured: int = 32, genetic_num_iters: int = 2, candidates: int = 32,
         postproc_samples: int = 20, space_reps: int = 5, seed: int = 0, spaces=SPACES,
-        out: Optional[str] = None,
+        same_seed: bool = False, out: Optional[str] = None,
         progress: Optional[Callable[[str], None]] = None) -> dict:
     """Time one batch of measure candidates per configuration (module doc); the JSON document."""
     tasks = task_names(tasks)
@@ -254,7 +258,8 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
             mods[(name, t)] = TASKS[name](t)
     settings = {"population": population, "init_min_unmeasured": init_min_unmeasured,
                 "genetic_num_iters": genetic_num_iters, "candidates": candidates, "rounds": rounds,
-                "seed": seed, "postproc_samples": postproc_samples, "space_reps": space_reps}
+                "seed": seed, "seeds": [seed if same_seed else seed + r for r in range(rounds)],
+                "postproc_samples": postproc_samples, "space_reps": space_reps}
     times: dict = {}
     counts: dict = {}
     configs = [(task, t, n, s) for t in targets for task in tasks for n in threads for s in spaces]
@@ -267,7 +272,7 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
             secs, got = generate_once(mods[(task, t)], tgt[t], s, population=population,
                                       init_min_unmeasured=init_min_unmeasured,
                                       genetic_num_iters=genetic_num_iters, candidates=candidates,
-                                      threads=n, seed=seed)
+                                      threads=n, seed=seed if same_seed else seed + r)
             times.setdefault((task, t, n, s), []).append(secs)
             counts.setdefault((task, t, n, s), []).append(got)
             progress(f"round {r + 1}/{rounds}: {task} {t} {s} threads {n}: {secs:.1f} s, {got} candidates")

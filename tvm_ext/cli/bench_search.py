@@ -38,7 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--space-reps", type=int, default=5,
                    help="design-space generations timed per task, target and space, with the time in our "
                         "Python rules (default 5, the median is kept; 0 = skip it)")
-    p.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="search seed of the first round; round r uses seed + r in both spaces (default 0)")
+    p.add_argument("--same-seed", action="store_true",
+                   help="every round with --seed: times one search path again instead of one per round")
     p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -56,7 +59,8 @@ def run(args) -> int:
         _csv(args.tasks), _csv(args.targets), _ints(args.threads), args.rounds,
         population=args.population, init_min_unmeasured=args.init_min_unmeasured,
         genetic_num_iters=args.genetic_iters, candidates=args.candidates,
-        postproc_samples=args.postproc_samples, space_reps=args.space_reps, seed=args.seed, out=args.out,
+        postproc_samples=args.postproc_samples, space_reps=args.space_reps, seed=args.seed,
+        same_seed=args.same_seed, out=args.out,
         progress=progress)
     print(json.dumps(doc) if args.json else format_table(doc))
     return 0
