@@ -16,22 +16,23 @@ codegen.
 
 Staged, because it sits on the hottest path of tuning (evolutionary search applies it
 to thousands of candidates for every batch it measures); ``apply`` runs
-``verify_staged``, which lowers each candidate once at most:
+``verify_staged``, which lowers most candidates once, with the built-in's pipeline:
 
 1. MetaSchedule's thread-extent annotations (and the vthread product, if asked) on the
-   scheduled function (a Python walk, no lowering, ~0.3 ms): rejects most sampled candidates,
-   and everything TVM's built-in rejects before lowering.
-2. Can ``tvm.compile``'s own lowering change the verdict? (``tvm_ext.codegen_risk.
-   build_check_needed``, on the scheduled function: a cross-thread reduction, or
-   vectors wide enough to hold a broadcast the codegen writes wrongly.)
-3. No: the short lowering (the built-in's pipeline, ``lower_for_gpu``), then
+   scheduled function (a Python walk, no lowering, ~0.3 ms): rejects most sampled
+   candidates, and everything TVM's built-in rejects before lowering.
+2. A cross-thread reduction: ``tvm.compile``'s whole pipeline (explicit unrolling of its
+   allreduce is a failure of its own) and every check on the code the codegen receives.
+3. Otherwise the short lowering (the built-in's pipeline, ``lower_for_gpu``), then
    ``check_lowered`` (names the reason) and TVM's GPUCodeVerifier with the built-in's
-   constraints: the built-in's verdict and ours, from one lowering, without the
-   expensive one.
-4. Yes: ``tvm.compile``'s pipeline instead -- the fast form of ``build_lowering`` (no
-   unroll pragmas, no RemoveNoOp/CSE) unless the function has a cross-thread reduction,
-   whose explicit unrolling is a failure of its own -- and every check on the code the
-   CUDA codegen receives: ``check_lowered``, GPUCodeVerifier, the broadcasts.
+   constraints: the built-in's verdict and ours from one lowering.  Where the scheduled
+   function has vectors wide enough to hold a broadcast the codegen writes wrongly
+   (``tvm_ext.codegen_risk.build_check_needed``), the short code's broadcasts are looked
+   at too, and only a candidate that has one goes on to ``tvm.compile``'s pipeline (the
+   fast form of ``build_lowering``: no unroll pragmas, no RemoveNoOp/CSE), which decides:
+   its simplifier often turns the short code's ``Ramp // Broadcast(128)`` into a plain
+   ramp.  That a broadcast absent from the short code does not appear in the full one is
+   what ``tvm-ext verify-gpu --replay`` checks, on verify-gpu's 5800 candidates.
 
 ``verify`` stays the whole, unstaged verdict (every check, full lowering): verify-gpu and
 the replay (``tvm-ext verify-gpu --replay``) compare the staged verdict against it.
@@ -298,15 +299,18 @@ class ReasonLog:
 
 
 def check_short(func: tirx.PrimFunc, name: str, target: tvm.target.Target, limits: dict, *,
-                gpu_code: bool = False):
+                gpu_code: bool = False, broadcasts: bool = False):
     """The short lowering (``lower_for_gpu``, the built-in's pipeline) and ``check_lowered``
     on it; ``gpu_code``: then TVM's GPUCodeVerifier too, with the built-in's constraints
-    (what the built-in decides after its thread-extent check, which ours covers)."""
+    (what the built-in decides after its thread-extent check, which ours covers);
+    ``broadcasts``: then ``check_broadcasts`` on the short code (a verdict to confirm with
+    ``tvm.compile``'s lowering, which can simplify such a broadcast away)."""
     try:
         lowered = lower_for_gpu(func, name, target)
     except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
         return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
-    return check_lowered(lowered, limits) or (check_gpu_code(lowered, limits) if gpu_code else None)
+    return (check_lowered(lowered, limits) or (check_gpu_code(lowered, limits) if gpu_code else None)
+            or (check_broadcasts(lowered.body) if broadcasts else None))
 
 
 def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build: bool = True,
@@ -334,19 +338,26 @@ def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vt
         verdict = check_thread_annotations(func, limits["thread_warp_size"], vthread_limit)
         if verdict is not None:
             return verdict
-    build = any(build_check_needed(func) is not None for _name, func in funcs)
     for name, func in funcs:
-        if not build:
-            verdict = check_short(func, name, target, limits, gpu_code=True)
+        if has_cross_thread_reduction(func):
+            verdict = _check_built(func, name, target, limits, fast=False)
         else:
-            verdict = check_build_pipeline(func, name, target, fast=not has_cross_thread_reduction(func),
-                                           limits=limits)
-            if verdict is not None and verdict[0] == BUILD_PIPELINE:
-                # rare: name it as ``verify`` does where the short lowering already tells why
-                verdict = check_short(func, name, target, limits) or verdict
+            verdict = check_short(func, name, target, limits, gpu_code=True,
+                                  broadcasts=build_check_needed(func) is not None)
+            if verdict is not None and verdict[0] == VECTOR_BROADCAST:
+                verdict = _check_built(func, name, target, limits, fast=True)
         if verdict is not None:
             return verdict
     return None
+
+
+def _check_built(func: tirx.PrimFunc, name: str, target: tvm.target.Target, limits: dict, fast: bool):
+    """Every check on the code ``tvm.compile``'s pipeline hands the codegen."""
+    verdict = check_build_pipeline(func, name, target, fast=fast, limits=limits)
+    if verdict is not None and verdict[0] == BUILD_PIPELINE:
+        # rare: name it as ``verify`` does where the short lowering already tells why
+        verdict = check_short(func, name, target, limits) or verdict
+    return verdict
 
 
 @derived_object

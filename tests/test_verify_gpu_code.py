@@ -497,3 +497,22 @@ def test_staged_verdicts_equal_the_whole_ones_on_sampled_candidates():
     whole = [verify(sch.mod, target, limits) is None for sch in candidates]
     assert staged == whole
     assert 0 < sum(staged) < len(staged)
+
+
+def test_wide_vectors_without_a_broadcast_in_the_short_code_skip_the_build_lowering(monkeypatch):
+    """A uint8 copy vectorized by 8 could hold a uint8x8 broadcast (codegen_risk says look),
+    but the short code has none: the short lowering decides, tvm.compile's does not run."""
+    @T.prim_func(s_tir=True)
+    def copy8(a: T.Buffer((4096,), "uint8"), b: T.Buffer((4096,), "uint8")):
+        for bx in T.thread_binding(4, thread="blockIdx.x"):
+            for tx in T.thread_binding(128, thread="threadIdx.x"):
+                for v in T.vectorized(8):
+                    with T.sblock("b"):
+                        vi = T.axis.spatial(4096, (bx * 128 + tx) * 8 + v)
+                        b[vi] = a[vi]
+
+    from tvm_ext.codegen_risk import build_check_needed
+
+    assert build_check_needed(copy8) == "8 lanes"
+    _no_build_lowering(monkeypatch)
+    assert verdict(copy8) is None
