@@ -15,8 +15,10 @@ broadcast TVM 0.27's CUDA codegen writes in a form nvcc rejects (over 16 bytes, 
   (lanes: the product of the nested vectorized extents) or are already in the function
   (tensor intrinsics); a dynamic vectorized extent counts as unbounded.
 
-Everything else keeps the verdict of the cheaper stages; ``tvm-ext verify-gpu --replay``
-checks that on verify-gpu's sampled candidates.
+Everything else keeps the verdict of the cheaper stages.  For the second kind,
+VerifyGPUCode looks first at the broadcasts of the short code it has anyway, and runs
+``tvm.compile``'s pipeline only when one is there (the pipeline's simplifier may remove
+it); ``tvm-ext verify-gpu --replay`` checks both steps on verify-gpu's 5800 candidates.
 """
 from __future__ import annotations
 
