@@ -27,7 +27,7 @@ to thousands of candidates for every batch it measures); ``apply`` runs
    ``check_lowered`` (names the reason) and TVM's GPUCodeVerifier with the built-in's
    constraints: the built-in's verdict and ours from one lowering.  Where the scheduled
    function has vectors wide enough to hold a broadcast the codegen writes wrongly
-   (``tvm_ext.codegen_risk.build_check_needed``), the short code's broadcasts are looked
+   (``tvm_ext.codegen_risk.wide_vectors``), the short code's broadcasts are looked
    at too, and only a candidate that has one goes on to ``tvm.compile``'s pipeline (the
    fast form of ``build_lowering``: no unroll pragmas, no RemoveNoOp/CSE), which decides:
    its simplifier often turns the short code's ``Ramp // Broadcast(128)`` into a plain
@@ -56,7 +56,7 @@ from tvm.s_tir.meta_schedule.postproc import PyPostproc
 from tvm.s_tir.analysis import verify_gpu_code
 from tvm.s_tir.stmt import SBlock
 
-from tvm_ext.codegen_risk import build_check_needed, has_cross_thread_reduction
+from tvm_ext.codegen_risk import has_cross_thread_reduction, wide_vectors
 from tvm_ext.lowering import build_lowering, lower_for_gpu
 from tvm_ext.tir_utils import collect, dtype_bytes, dtype_lanes, prim_funcs
 
@@ -332,7 +332,7 @@ def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build:
 
 
 def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vthread_limit: int | None = None):
-    """The verdict of ``verify``, each candidate lowered once (module doc, stages 1-4)."""
+    """The verdict of ``verify``, most candidates lowered once (module doc, stages 1-3)."""
     funcs = list(prim_funcs(mod))
     for _name, func in funcs:
         verdict = check_thread_annotations(func, limits["thread_warp_size"], vthread_limit)
@@ -343,7 +343,7 @@ def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vt
             verdict = _check_built(func, name, target, limits, fast=False)
         else:
             verdict = check_short(func, name, target, limits, gpu_code=True,
-                                  broadcasts=build_check_needed(func) is not None)
+                                  broadcasts=wide_vectors(func) is not None)
             if verdict is not None and verdict[0] == VECTOR_BROADCAST:
                 verdict = _check_built(func, name, target, limits, fast=True)
         if verdict is not None:

@@ -26,6 +26,43 @@ def llvm_target() -> tvm.target.Target:
     return tvm.target.Target({"kind": "llvm", "num-cores": 2})
 
 
+def vector_copy(lanes: int, dtype: str = "uint8", const=None, index_dtype: str = "int32",
+                n: int = 4096) -> tirx.PrimFunc:
+    """b = a (+ const) over n elements: 128 threads per block, ``lanes`` vectorized."""
+    it = getattr(T, index_dtype)
+
+    @T.prim_func(s_tir=True)
+    def add(a: T.Buffer((n,), dtype), b: T.Buffer((n,), dtype)):
+        for bx in T.thread_binding(it(n // 128 // lanes), thread="blockIdx.x"):
+            for tx in T.thread_binding(it(128), thread="threadIdx.x"):
+                for v in T.vectorized(it(lanes)):
+                    with T.sblock("b"):
+                        vi = T.axis.spatial(it(n), (bx * it(128) + tx) * it(lanes) + v)
+                        if const is None:
+                            b[vi] = a[vi]
+                        else:
+                            b[vi] = a[vi] + getattr(T, dtype)(const)
+    return add
+
+
+def cross_thread_reduction(update):
+    """b[i] = reduce over 32 threads of a[i, k]: ``update`` is "sum" or "decay" (not a
+    reducer TVM recognizes: b * 0.5 + a)."""
+    @T.prim_func(s_tir=True)
+    def reduce(a: T.Buffer((64, 32), "float32"), b: T.Buffer((64,), "float32")):
+        for bx in T.thread_binding(64, thread="blockIdx.x"):
+            for tx in T.thread_binding(32, thread="threadIdx.x"):
+                with T.sblock("b"):
+                    vi, vk = T.axis.remap("SR", [bx, tx])
+                    with T.init():
+                        b[vi] = T.float32(0)
+                    if update == "sum":
+                        b[vi] = b[vi] + a[vi, vk]
+                    else:
+                        b[vi] = b[vi] * T.float32(0.5) + a[vi, vk]
+    return reduce
+
+
 def requantize_primfunc(rows: int = 256, cols: int = 64) -> tirx.PrimFunc:
     """y = q_multiply_shift_per_axis(x, m, l, r, 31, False, True), elementwise."""
     x = te.placeholder((rows, cols), "int32", name="x")

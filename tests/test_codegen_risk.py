@@ -8,28 +8,10 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from kernels import cuda_target
-from tvm_ext.codegen_risk import build_check_needed, has_cross_thread_reduction
+from kernels import cross_thread_reduction, cuda_target, vector_copy
+from tvm_ext.codegen_risk import has_cross_thread_reduction, wide_vectors
 from tvm_ext.lowering import build_lowering, without_unroll_pragmas
 from tvm_ext.tir_utils import collect
-
-
-def copy(lanes, dtype="uint8", const=None, index_dtype="int32", n=4096):
-    """b = a (+ const) over n elements, 128 threads, ``lanes`` vectorized."""
-    it = getattr(T, index_dtype)
-
-    @T.prim_func(s_tir=True)
-    def func(a: T.Buffer((n,), dtype), b: T.Buffer((n,), dtype)):
-        for bx in T.thread_binding(it(n // 128 // lanes), thread="blockIdx.x"):
-            for tx in T.thread_binding(it(128), thread="threadIdx.x"):
-                for v in T.vectorized(it(lanes)):
-                    with T.sblock("b"):
-                        vi = T.axis.spatial(it(n), (bx * it(128) + tx) * it(lanes) + v)
-                        if const is None:
-                            b[vi] = a[vi]
-                        else:
-                            b[vi] = a[vi] + T.Cast(dtype, const)
-    return func
 
 
 def widened(lanes):
@@ -45,18 +27,8 @@ def widened(lanes):
     return func
 
 
-def row_sum(bind_reduction):
-    """b[i] = sum_k a[i, k]; k bound to threadIdx.x (a cross-thread reduction) or serial."""
-    @T.prim_func(s_tir=True)
-    def func(a: T.Buffer((64, 32), "float32"), b: T.Buffer((64,), "float32")):
-        for bx in T.thread_binding(64, thread="blockIdx.x"):
-            for tx in T.thread_binding(32, thread="threadIdx.x"):
-                with T.sblock("b"):
-                    vi, vk = T.axis.remap("SR", [bx, tx])
-                    with T.init():
-                        b[vi] = T.float32(0)
-                    b[vi] = b[vi] + a[vi, vk]
-
+def serial_row_sum():
+    """b[i] = sum_k a[i, k] with k a serial loop: no cross-thread reduction."""
     @T.prim_func(s_tir=True)
     def serial(a: T.Buffer((64, 32), "float32"), b: T.Buffer((64,), "float32")):
         for bx in T.thread_binding(64, thread="blockIdx.x"):
@@ -66,34 +38,33 @@ def row_sum(bind_reduction):
                     with T.init():
                         b[vi] = T.float32(0)
                     b[vi] = b[vi] + a[vi, vk]
-    return func if bind_reduction else serial
+    return serial
 
 
 @pytest.mark.parametrize("func, why", [
-    (copy(4), None),                                   # 4 x 1 byte: no broadcast over the limits
-    (copy(4, "int32", const=3), None),                 # int32x4 = 16 bytes: at the limit, fine
-    (copy(4, index_dtype="int64"), None),              # int64 indices are narrowed to int32 first
-    (copy(8), "8 lanes"),                              # a uint8x8 broadcast is possible
-    (copy(16, const=3), "16 lanes"),
+    (vector_copy(4), None),                                   # 4 x 1 byte: no broadcast over the limits
+    (vector_copy(4, "int32", const=3), None),                 # int32x4 = 16 bytes: at the limit, fine
+    (vector_copy(4, index_dtype="int64"), None),              # int64 indices are narrowed to int32 first
+    (vector_copy(8), "8 lanes"),                              # a uint8x8 broadcast is possible
+    (vector_copy(16, const=3), "16 lanes"),
     (widened(2), None),                                # int64x2 = 16 bytes
     (widened(4), "4 lanes with 64-bit values"),        # int64x4 = 32 bytes
 ])
 def test_vectors_wide_enough_for_a_bad_broadcast_need_the_build_check(func, why):
-    assert build_check_needed(func) == why
+    assert wide_vectors(func) == why
 
 
 def test_a_cross_thread_reduction_needs_the_build_check():
-    assert has_cross_thread_reduction(row_sum(True))
-    assert build_check_needed(row_sum(True)) == "cross-thread reduction"
-    assert not has_cross_thread_reduction(row_sum(False))
-    assert build_check_needed(row_sum(False)) is None
+    assert has_cross_thread_reduction(cross_thread_reduction("sum"))
+    assert not has_cross_thread_reduction(serial_row_sum())
+    assert wide_vectors(cross_thread_reduction("sum")) is None and wide_vectors(serial_row_sum()) is None
 
 
 def test_buffers_of_2_to_the_31_elements_keep_int64_index_vectors():
     """NarrowDataType cannot narrow indices into a buffer this large: int64 index vectors
     stay, so 4 lanes of a uint8 copy are already 64-bit wide."""
-    big = copy(4, index_dtype="int64", n=2**31)
-    assert build_check_needed(big) == "4 lanes with 64-bit values"
+    big = vector_copy(4, index_dtype="int64", n=2**31)
+    assert wide_vectors(big) == "4 lanes with 64-bit values"
 
 
 def test_nested_vectorized_loops_multiply_their_lanes():
@@ -106,11 +77,11 @@ def test_nested_vectorized_loops_multiply_their_lanes():
                         with T.sblock("b"):
                             vi = T.axis.spatial(4096, (bx * 128 + tx) * 8 + v0 * 4 + v1)
                             b[vi] = a[vi]
-    assert build_check_needed(func) == "8 lanes"
+    assert wide_vectors(func) == "8 lanes"
 
 
 def unrolled_copy():
-    func = copy(4, "int32", const=3)
+    func = vector_copy(4, "int32", const=3)
     sch = tvm.s_tir.Schedule(func)
     loops = sch.get_loops(sch.get_sblock("b"))
     sch.annotate(loops[0], "pragma_auto_unroll_max_step", 64)
@@ -123,7 +94,7 @@ def test_without_unroll_pragmas_takes_only_the_pragmas_off():
     stripped = without_unroll_pragmas(func)
     keys = [set(loop.annotations) for loop in collect(stripped.body, tvm.tirx.For)]
     assert all(not k & {"pragma_auto_unroll_max_step", "pragma_unroll_explicit"} for k in keys)
-    tvm.ir.assert_structural_equal(stripped, without_unroll_pragmas(copy(4, "int32", const=3)))
+    tvm.ir.assert_structural_equal(stripped, without_unroll_pragmas(vector_copy(4, "int32", const=3)))
     tvm.ir.assert_structural_equal(without_unroll_pragmas(stripped), stripped)  # idempotent
 
 
@@ -154,4 +125,4 @@ def test_vectors_already_in_the_function_need_the_build_check():
             with T.sblock("b"):
                 vb = T.axis.spatial(8, bx)
                 b[T.Ramp(vb * 8, 1, 8)] = a[T.Ramp(vb * 8, 1, 8)]
-    assert build_check_needed(func) == "vector expressions before lowering"
+    assert wide_vectors(func) == "vector expressions before lowering"

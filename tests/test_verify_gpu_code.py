@@ -11,7 +11,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
-from kernels import cuda_target, requantize_primfunc
+from kernels import cross_thread_reduction, cuda_target, requantize_primfunc, vector_copy
 from tvm_ext.postprocs import VerifyGPUCode
 from tvm_ext.postprocs.verify_gpu_code import target_limits
 
@@ -186,15 +186,8 @@ def test_int32x8_index_broadcast_of_a_gather_is_rejected():
 
 
 def add_uint8_constant(vec):
-    @T.prim_func(s_tir=True)
-    def add(a: T.Buffer((4096,), "uint8"), b: T.Buffer((4096,), "uint8")):
-        for bx in T.thread_binding(4096 // 128 // vec, thread="blockIdx.x"):
-            for tx in T.thread_binding(128, thread="threadIdx.x"):
-                for v in T.vectorized(vec):
-                    with T.sblock("b"):
-                        vi = T.axis.spatial(4096, (bx * 128 + tx) * vec + v)
-                        b[vi] = a[vi] + T.uint8(3)
-    return add
+    """b = a + 3 over 4096 uint8, 128 threads per block, ``vec`` lanes."""
+    return vector_copy(vec, "uint8", const=3)
 
 
 def test_narrow_integer_broadcast_over_4_lanes_is_rejected():
@@ -301,24 +294,6 @@ def test_dynamic_thread_extent_is_rejected():
 
 
 # ---------------------------------------------------------------- lowering_failed
-def cross_thread_reduction(update):
-    """b[i] = reduce over 32 threads of a[i, k]: ``update`` is "sum" or "decay" (not a
-    reducer TVM recognizes: b * 0.5 + a)."""
-    @T.prim_func(s_tir=True)
-    def reduce(a: T.Buffer((64, 32), "float32"), b: T.Buffer((64,), "float32")):
-        for bx in T.thread_binding(64, thread="blockIdx.x"):
-            for tx in T.thread_binding(32, thread="threadIdx.x"):
-                with T.sblock("b"):
-                    vi, vk = T.axis.remap("SR", [bx, tx])
-                    with T.init():
-                        b[vi] = T.float32(0)
-                    if update == "sum":
-                        b[vi] = b[vi] + a[vi, vk]
-                    else:
-                        b[vi] = b[vi] * T.float32(0.5) + a[vi, vk]
-    return reduce
-
-
 def test_what_the_gpu_lowering_refuses_is_rejected():
     """LowerCrossThreadReduction needs a reducer it recognizes; a decaying sum bound to
     threadIdx.x makes the lowering raise, and the candidate could never be built."""
@@ -502,17 +477,10 @@ def test_staged_verdicts_equal_the_whole_ones_on_sampled_candidates():
 def test_wide_vectors_without_a_broadcast_in_the_short_code_skip_the_build_lowering(monkeypatch):
     """A uint8 copy vectorized by 8 could hold a uint8x8 broadcast (codegen_risk says look),
     but the short code has none: the short lowering decides, tvm.compile's does not run."""
-    @T.prim_func(s_tir=True)
-    def copy8(a: T.Buffer((4096,), "uint8"), b: T.Buffer((4096,), "uint8")):
-        for bx in T.thread_binding(4, thread="blockIdx.x"):
-            for tx in T.thread_binding(128, thread="threadIdx.x"):
-                for v in T.vectorized(8):
-                    with T.sblock("b"):
-                        vi = T.axis.spatial(4096, (bx * 128 + tx) * 8 + v)
-                        b[vi] = a[vi]
+    copy8 = vector_copy(8)  # b = a over 4096 uint8
 
-    from tvm_ext.codegen_risk import build_check_needed
+    from tvm_ext.codegen_risk import wide_vectors
 
-    assert build_check_needed(copy8) == "8 lanes"
+    assert wide_vectors(copy8) == "8 lanes"
     _no_build_lowering(monkeypatch)
     assert verdict(copy8) is None

@@ -15,7 +15,8 @@ broadcast TVM 0.27's CUDA codegen writes in a form nvcc rejects (over 16 bytes, 
   (lanes: the product of the nested vectorized extents) or are already in the function
   (tensor intrinsics); a dynamic vectorized extent counts as unbounded.
 
-Everything else keeps the verdict of the cheaper stages.  For the second kind,
+The two questions are ``has_cross_thread_reduction`` and ``wide_vectors``; everything
+else keeps the verdict of the cheaper stages.  For the second kind,
 VerifyGPUCode looks first at the broadcasts of the short code it has anyway, and runs
 ``tvm.compile``'s pipeline only when one is there (the pipeline's simplifier may remove
 it); ``tvm-ext verify-gpu --replay`` checks both steps on verify-gpu's 5800 candidates.
@@ -119,18 +120,18 @@ def _vector_exprs(stmt) -> list:
     return found + [e for e in collect(stmt, TensorLoad) if tvm.DataType(str(e.ty)).lanes > 1]
 
 
-def build_check_needed(func: tirx.PrimFunc) -> Optional[str]:
-    """Why ``func`` needs the build lowering (module doc), or None when it cannot change
-    the verdict."""
-    if has_cross_thread_reduction(func):
-        return "cross-thread reduction"
+def wide_vectors(func: tirx.PrimFunc) -> Optional[str]:
+    """Why ``func`` may hold a broadcast over the codegen's limits (the second kind of the
+    module doc), or None when it cannot."""
     why: list = []
-    wide: list = []  # _wide_indices(func), computed once if a loop needs it
+    wide = None  # _wide_indices(func), computed once if a loop needs it
 
     def has_64bit(body) -> bool:
-        if not wide:
-            wide.append(_wide_indices(func))
-        return _has_64bit(body, wide[0])
+        nonlocal wide
+        if wide is None:
+            wide = _wide_indices(func)
+        return _has_64bit(body, wide)
+
     # nested vectorized loops multiply their lanes: visit the inner ones with the product
     stack: list = []
 
