@@ -256,9 +256,10 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
         for name in tasks:
             progress(f"task {name} {t}: building")
             mods[(name, t)] = TASKS[name](t)
+    seeds = [seed if same_seed else seed + r for r in range(rounds)]  # one per round, both spaces
     settings = {"population": population, "init_min_unmeasured": init_min_unmeasured,
                 "genetic_num_iters": genetic_num_iters, "candidates": candidates, "rounds": rounds,
-                "seed": seed, "seeds": [seed if same_seed else seed + r for r in range(rounds)],
+                "seed": seed, "seeds": seeds,
                 "postproc_samples": postproc_samples, "space_reps": space_reps}
     times: dict = {}
     counts: dict = {}
@@ -272,7 +273,7 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
             secs, got = generate_once(mods[(task, t)], tgt[t], s, population=population,
                                       init_min_unmeasured=init_min_unmeasured,
                                       genetic_num_iters=genetic_num_iters, candidates=candidates,
-                                      threads=n, seed=seed if same_seed else seed + r)
+                                      threads=n, seed=seeds[r])
             times.setdefault((task, t, n, s), []).append(secs)
             counts.setdefault((task, t, n, s), []).append(got)
             progress(f"round {r + 1}/{rounds}: {task} {t} {s} threads {n}: {secs:.1f} s, {got} candidates")

@@ -243,8 +243,13 @@ def _submit_source(pool, sch, target):
     try:
         return pool.submit(cuda_source(sch, target))
     except Exception as err:  # noqa: BLE001 -- TVM could not generate CUDA: does not compile
-        lines = [ln for ln in str(err).strip().splitlines() if ln.strip()] or [repr(err)]
-        return (False, "tvm codegen: " + lines[-1].strip()[:250])
+        return (False, codegen_error(err))
+
+
+def codegen_error(err: Exception) -> str:
+    """The nvcc-style outcome text of a candidate TVM could not generate CUDA for."""
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()] or [repr(err)]
+    return "tvm codegen: " + lines[-1].strip()[:250]
 
 
 def verify_task(name: str, weight: int, mod, target, samples: int, *, pool, seed: int = 0,

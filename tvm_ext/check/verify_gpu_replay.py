@@ -70,12 +70,13 @@ def same_reasons(unstaged: dict, committed: dict) -> bool:
 def _nvcc_agrees(sch, target, arch: str, staged_accepts: bool) -> tuple:
     """(nvcc compiles, agrees with the staged decision, error line)."""
     from tvm_ext.check.nvcc import compile_cuda
+    from tvm_ext.check.verify_gpu import codegen_error
     from tvm_ext.lowering import cuda_source
 
     try:
         ok, err = compile_cuda(cuda_source(sch, target), arch)
     except Exception as exc:  # noqa: BLE001 -- TVM could not generate CUDA: does not compile
-        ok, err = False, "tvm codegen: " + str(exc).strip().splitlines()[-1][:200]
+        ok, err = False, codegen_error(exc)
     return ok, ok == staged_accepts, err[:200]
 
 
