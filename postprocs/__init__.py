@@ -1,4 +1,5 @@
 """tvm_ext postprocessors, one per file (installed as ``tvm_ext.postprocs``)."""
+from .thread_extent_precheck import ThreadExtentPrecheck
 from .verify_gpu_code import VerifyGPUCode
 
-__all__ = ["VerifyGPUCode"]
+__all__ = ["ThreadExtentPrecheck", "VerifyGPUCode"]

@@ -331,14 +331,22 @@ def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build:
     return None
 
 
-def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vthread_limit: int | None = None):
-    """The verdict of ``verify``, most candidates lowered once (module doc, stages 1-3)."""
-    funcs = list(prim_funcs(mod))
-    for _name, func in funcs:
-        verdict = check_thread_annotations(func, limits["thread_warp_size"], vthread_limit)
+def check_module_threads(mod: tvm.IRModule, warp_size: int, vthread_limit: int | None = None):
+    """``check_thread_annotations`` on every function of ``mod``: the first verdict, or None
+    (stage 1; ThreadExtentPrecheck runs it before the other postprocs)."""
+    for _name, func in prim_funcs(mod):
+        verdict = check_thread_annotations(func, warp_size, vthread_limit)
         if verdict is not None:
             return verdict
-    for name, func in funcs:
+    return None
+
+
+def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vthread_limit: int | None = None):
+    """The verdict of ``verify``, most candidates lowered once (module doc, stages 1-3)."""
+    verdict = check_module_threads(mod, limits["thread_warp_size"], vthread_limit)
+    if verdict is not None:
+        return verdict
+    for name, func in prim_funcs(mod):
         if has_cross_thread_reduction(func):
             verdict = _check_built(func, name, target, limits, fast=False)
         else:

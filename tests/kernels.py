@@ -63,6 +63,21 @@ def cross_thread_reduction(update):
     return reduce
 
 
+def rows_over_thread_y(high):
+    """blockIdx.x x threadIdx.y (4 threads) copy; the block asks MetaSchedule for
+    [1, ``high``] threads, as its cross-thread-reduction and tiling rules annotate."""
+    @T.prim_func(s_tir=True)
+    def copy(a: T.Buffer((64, 4), "float32"), b: T.Buffer((64, 4), "float32")):
+        for bx in T.thread_binding(64, thread="blockIdx.x"):
+            for ty in T.thread_binding(4, thread="threadIdx.y"):
+                with T.sblock("b"):
+                    vi, vj = T.axis.remap("SS", [bx, ty])
+                    T.sblock_attr({"meta_schedule.thread_extent_low_inclusive": 1,
+                                   "meta_schedule.thread_extent_high_inclusive": high})
+                    b[vi, vj] = a[vi, vj]
+    return copy
+
+
 def requantize_primfunc(rows: int = 256, cols: int = 64) -> tirx.PrimFunc:
     """y = q_multiply_shift_per_axis(x, m, l, r, 31, False, True), elementwise."""
     x = te.placeholder((rows, cols), "int32", name="x")

@@ -18,7 +18,7 @@ KEYS = ("cpu", "gpu", "cuda", "generic")
 RULES = ("compute_inline", "reverse_compute_inline")
 TVM_NAMES = [f"s_tir.meta_schedule.{key}.{rule}" for key in KEYS for rule in RULES]
 OWN_NAMES = ["tvm_ext.schedule_rule.InlineConstantScalars", "tvm_ext.schedule_rule.ApplyBlockAttrRule",
-             "tvm_ext.postproc.VerifyGPUCode"]
+             "tvm_ext.postproc.VerifyGPUCode", "tvm_ext.postproc.ThreadExtentPrecheck"]
 CPU_INLINE = "s_tir.meta_schedule.cpu.compute_inline"
 
 
@@ -139,7 +139,11 @@ def test_space_for_llvm_and_cuda():
         assert isinstance(space, ms.space_generator.PostOrderApply)
         posts = [type(p).__name__ for p in tvm_ext.default_postprocs(target)]
         upstream = [type(p).__name__ for p in ms.Postproc.create(target.kind.name)]
-        assert posts == upstream  # same pieces, same order
+        if target.kind.name == "cuda":
+            # the same pieces in the same order, VerifyGPUCode's first check also in front
+            assert posts == ["ThreadExtentPrecheck"] + upstream
+        else:
+            assert posts == upstream  # same pieces, same order
         if target.kind.name == "cuda":
             ours = [p for p in tvm_ext.default_postprocs(target) if type(p).__name__ == "VerifyGPUCode"]
             assert len(ours) == 1 and hasattr(ours[0], "reason_counts")  # ours, not TVM's

@@ -11,7 +11,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
-from kernels import cross_thread_reduction, cuda_target, requantize_primfunc, vector_copy
+from kernels import cross_thread_reduction, cuda_target, requantize_primfunc, rows_over_thread_y, vector_copy
 from tvm_ext.postprocs import VerifyGPUCode
 from tvm_ext.postprocs.verify_gpu_code import target_limits
 
@@ -246,21 +246,6 @@ def test_int32x8_index_broadcast_that_tvm_compile_simplifies_away_is_accepted():
 
 
 # ---------------------------------------------------------------- thread_extent_annotation
-def rows_over_thread_y(high):
-    """blockIdx.x x threadIdx.y (4 threads) copy; the block asks MetaSchedule for
-    [1, ``high``] threads, as its cross-thread-reduction and tiling rules annotate."""
-    @T.prim_func(s_tir=True)
-    def copy(a: T.Buffer((64, 4), "float32"), b: T.Buffer((64, 4), "float32")):
-        for bx in T.thread_binding(64, thread="blockIdx.x"):
-            for ty in T.thread_binding(4, thread="threadIdx.y"):
-                with T.sblock("b"):
-                    vi, vj = T.axis.remap("SS", [bx, ty])
-                    T.sblock_attr({"meta_schedule.thread_extent_low_inclusive": 1,
-                                   "meta_schedule.thread_extent_high_inclusive": high})
-                    b[vi, vj] = a[vi, vj]
-    return copy
-
-
 def test_threads_outside_the_block_annotation_are_rejected():
     reason, message = verdict(rows_over_thread_y(high=2))
     assert reason == "thread_extent_annotation" and "4 threads outside [1, 2]" in message

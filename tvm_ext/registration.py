@@ -3,7 +3,8 @@
 ``import tvm_ext`` calls ``register_all()``; that is the contract: afterwards
 
 * ``tvm_ext.schedule_rule.InlineConstantScalars``, ``tvm_ext.schedule_rule.ApplyBlockAttrRule``,
-  ``tvm_ext.schedule_rule.DequantGEMV`` and ``tvm_ext.postproc.VerifyGPUCode`` construct our objects
+  ``tvm_ext.schedule_rule.DequantGEMV``, ``tvm_ext.postproc.VerifyGPUCode`` and
+  ``tvm_ext.postproc.ThreadExtentPrecheck`` construct our objects
   (``tvm.get_global_func("tvm_ext.schedule_rule.InlineConstantScalars")()``), usable in
   PostOrderApply from any language that can call a PackedFunc;
 * ``s_tir.meta_schedule.<key>.compute_inline`` and ``...reverse_compute_inline`` for the
@@ -50,7 +51,8 @@ def register_all(override: bool | None = None) -> list[str]:
     names = []
     for cls in (rules.InlineConstantScalars, rules.ApplyBlockAttrRule, rules.DequantGEMV):
         names.append(_register(RULE_PREFIX + cls.__name__, cls))
-    names.append(_register(POSTPROC_PREFIX + "VerifyGPUCode", postprocs.VerifyGPUCode))
+    for cls in (postprocs.VerifyGPUCode, postprocs.ThreadExtentPrecheck):
+        names.append(_register(POSTPROC_PREFIX + cls.__name__, cls))
     names += apply_block_attr.register_custom_rules(override=override)
     return names
 

@@ -2,7 +2,8 @@
 
 ``plugin``           TVM's default rules/postprocs, with our ApplyBlockAttrRule in front
                      of TVM's ApplyCustomRule, our InlineConstantScalars in place of
-                     TVM's, our VerifyGPUCode in place of TVM's (cuda), and on x86 with
+                     TVM's, our VerifyGPUCode in place of TVM's (cuda; its thread-extent
+                     check also runs first, as ThreadExtentPrecheck), and on x86 with
                      VNNI our VNNI tensorization rule + RewriteTensorize (llvm), and on
                      x86 with AMX int8 our AMX rule + AMXTileConfig in front of those;
                      on llvm our DequantGEMV (q4 decode GEMV kernels) before MultiLevelTiling.
@@ -88,12 +89,16 @@ def _vnni(target, ruleset: str):
 
 def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> list:
     """Postprocessors for ``target`` under ``ruleset`` (ours replace VerifyGPUCode)."""
-    from tvm_ext.postprocs import VerifyGPUCode
+    from tvm_ext.postprocs import ThreadExtentPrecheck, VerifyGPUCode
 
     upstream = list(ms.Postproc.create(target_kind(target)))
     if check_ruleset(ruleset) == "upstream":
         return upstream
-    posts = [VerifyGPUCode() if _name(p) == "VerifyGPUCode" else p for p in upstream]
+    verify = VerifyGPUCode()
+    posts = [verify if _name(p) == "VerifyGPUCode" else p for p in upstream]
+    if any(p is verify for p in posts):
+        # its first check, before the postprocs that most candidates would pay for nothing
+        posts.insert(0, ThreadExtentPrecheck(verify.log))
     add_vnni = _vnni(target, ruleset)
     return add_vnni([], posts, target)[1] if add_vnni else posts
 

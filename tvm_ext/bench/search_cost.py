@@ -89,9 +89,9 @@ def postproc_cost(mod, target, ruleset: str, *, samples: int, seed: int) -> dict
     import tvm_ext
     from tvm_ext.tune.sampling import sample_candidates, tune_context
 
-    space = tvm_ext.space(target, ruleset)
+    postprocs = tvm_ext.default_postprocs(target, ruleset)  # the Python objects, for their names
+    space = tvm_ext.space(target, ruleset, postprocs=postprocs)
     ctx = tune_context(mod, target, space, "bench_search")
-    postprocs = list(ctx.space_generator.postprocs)
     raw = sample_candidates(mod, target, space, samples, seed=seed, context=ctx, postprocs=[])
     seconds = [0.0] * len(postprocs)
     applied = [0] * len(postprocs)
@@ -118,12 +118,9 @@ def postproc_cost(mod, target, ruleset: str, *, samples: int, seed: int) -> dict
 
 
 def _postproc_name(post) -> str:
+    """The class name; ``(tvm_ext)`` added for ours (VerifyGPUCode is also TVM's name)."""
     name = type(post).__name__
-    if name in ("_PyPostproc", "PyPostproc"):
-        # Python postprocs come back from the FFI as bare PyPostproc objects; in tvm_ext's
-        # spaces the only one is our VerifyGPUCode (as tune.sampling assumes too)
-        return "VerifyGPUCode(tvm_ext)"
-    return name
+    return f"{name}(tvm_ext)" if _is_python_rule(post) else name
 
 
 def space_generation_cost(mod, target, ruleset: str, *, reps: int) -> dict:
@@ -184,7 +181,7 @@ def space_generation_cost(mod, target, ruleset: str, *, reps: int) -> dict:
 
 
 def _is_python_rule(rule) -> bool:
-    # a rule made by a @derived_object class (ours), not one of TVM's C++ rules
+    # a rule or postproc made by a @derived_object class (ours), not one of TVM's C++ ones
     return getattr(type(rule), "_type", None) == "TVMDerivedObject"
 
 

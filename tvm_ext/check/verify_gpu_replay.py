@@ -7,8 +7,10 @@ and judges each one twice:
 
 * unstaged -- ``verify`` with the vthread policy of the time: every check, the full
               lowering (what verify-gpu recorded);
-* staged   -- ``verify_staged``, what the postproc does during a search now (without the
-              vthread policy: ``VerifyGPUCode``'s doc).
+* staged   -- what our postprocs do during a search now (without the vthread policy:
+              ``VerifyGPUCode``'s doc): ThreadExtentPrecheck on the candidate as sampled,
+              before any postproc (``check_module_threads``), then ``verify_staged`` on the
+              finished candidate.
 
 The candidates are drawn again exactly as verify-gpu drew them (same workload, task,
 seed and number of samples, same sampling code), and the unstaged reasons are compared
@@ -84,13 +86,16 @@ def replay_task(workload: str, name: str, mod, target, arch: str, samples: int, 
                 committed: dict) -> dict:
     """Draw ``samples`` candidates of one task as verify-gpu did and judge each twice."""
     import tvm_ext
-    from tvm_ext.postprocs.verify_gpu_code import VTHREAD_POLICY, target_limits, verify, verify_staged
+    from tvm_ext.postprocs.verify_gpu_code import (VTHREAD_POLICY, check_module_threads, target_limits,
+                                                   verify, verify_staged)
     from tvm_ext.tune.sampling import sample_candidates, tune_context
 
     space = tvm_ext.space(target, "plugin")
     ctx = tune_context(mod, target, space, name)
-    schs = sample_candidates(mod, target, space, samples, seed=seed, context=ctx)
+    unprocessed: list = []
+    schs = sample_candidates(mod, target, space, samples, seed=seed, context=ctx, before_postprocs=unprocessed)
     limits = target_limits(target)
+    prechecked = 0
     unstaged_reasons: Counter = Counter()
     staged_reasons: Counter = Counter()
     moved, reasons_changed = [], 0
@@ -100,7 +105,11 @@ def replay_task(workload: str, name: str, mod, target, arch: str, samples: int, 
         whole = verify(sch.mod, target, limits, vthread_limit=VTHREAD_POLICY)
         seconds["unstaged"] += time.perf_counter() - start
         start = time.perf_counter()
-        staged = verify_staged(sch.mod, target, limits)
+        # as in a search: ThreadExtentPrecheck on the candidate before the other postprocs,
+        # then VerifyGPUCode on the finished one
+        staged = check_module_threads(unprocessed[i], limits["thread_warp_size"])
+        prechecked += staged is not None
+        staged = staged or verify_staged(sch.mod, target, limits)
         seconds["staged"] += time.perf_counter() - start
         if whole is not None:
             unstaged_reasons[whole[0]] += 1
@@ -117,6 +126,7 @@ def replay_task(workload: str, name: str, mod, target, arch: str, samples: int, 
     return {
         "workload": workload, "task": name, "seed": seed, "samples": len(schs),
         "accepted_staged": len(schs) - sum(staged_reasons.values()),
+        "rejected_by_precheck": prechecked,
         "verdicts_moved": len(moved), "moved": moved, "reasons_changed": reasons_changed,
         "reasons_unstaged": dict(unstaged_reasons), "reasons_staged": dict(staged_reasons),
         "reasons_committed": committed.get("reasons", {}),
@@ -174,6 +184,7 @@ def replay(path: str, tasks: Optional[str] = None, out: Optional[str] = None,
             "moved_where_nvcc_disagrees": sum(not m["nvcc_agrees_with_staged"] for m in moved),
             "accepted_and_fails": sum(m["staged"] == "accept" and not m["nvcc_compiles"] for m in moved),
             "reasons_changed": sum(r["reasons_changed"] for r in results),
+            "rejected_by_precheck": sum(r.get("rejected_by_precheck", 0) for r in results),
             "same_candidates_as_committed": all(r["same_candidates_as_committed"] for r in results),
             "ms_per_candidate": {k: round(sum(r["ms_per_candidate"][k] * r["samples"] for r in results)
                                           / max(1, sum(r["samples"] for r in results)), 2)

@@ -4,7 +4,8 @@ corpus and the benchmarks.
 A *candidate* is what MetaSchedule would measure: a sketch of the space generator
 whose random decisions are re-sampled (as ReplayTrace / the evolutionary search's
 initial population do), with the space's postprocessors applied.  Our
-VerifyGPUCode (and TVM's) is *not* applied here: the callers run it themselves so
+VerifyGPUCode and its first check, ThreadExtentPrecheck (and TVM's VerifyGPUCode), are
+*not* applied here: the callers run it themselves so
 that they can compare its verdict with what nvcc says.
 
 Public API
@@ -38,8 +39,9 @@ def tune_context(mod, target, space, task_name: str = "main") -> ms.TuneContext:
 
 def _is_verify(postproc, target) -> bool:
     # TVM's built-in one by type; Python postprocs come back from the FFI as bare
-    # PyPostproc objects: on cuda the only one in tvm_ext's spaces is our VerifyGPUCode,
-    # on llvm they are needed ones (AMXTileConfig tensorizes the AMX blocks).
+    # PyPostproc objects: on cuda those of tvm_ext's spaces are our VerifyGPUCode and its
+    # first check (ThreadExtentPrecheck), on llvm they are needed ones (AMXTileConfig
+    # tensorizes the AMX blocks).
     name = type(postproc).__name__
     python = name in ("_PyPostproc", "PyPostproc")
     return "VerifyGPUCode" in name or (python and target.kind.name == "cuda")
@@ -52,7 +54,7 @@ def non_verify_postprocs(space, target) -> list:
 
 def sample_candidates(mod, target, space, n: int, seed: int = 0, *, context=None,
                       postprocs: Optional[list] = None, max_tries: Optional[int] = None,
-                      stats: Optional[dict] = None) -> list:
+                      stats: Optional[dict] = None, before_postprocs: Optional[list] = None) -> list:
     """``n`` schedules with random decisions over the design space of ``space``.
 
     Sketches come from the space generator; for each candidate one sketch is picked
@@ -61,7 +63,9 @@ def sample_candidates(mod, target, space, n: int, seed: int = 0, *, context=None
     postprocessors are applied (``postprocs``, default: the space's without
     VerifyGPUCode).  A candidate whose replay or postprocessing fails is dropped and
     another drawn, up to ``max_tries`` (default 4 n) draws; fewer than ``n`` may come
-    back.  ``stats`` (a dict), when given, receives sketches / tries / dropped counts.
+    back.  ``stats`` (a dict), when given, receives sketches / tries / dropped counts;
+    ``before_postprocs`` (a list), the IRModule of each candidate returned as it was before
+    the postprocessors ran (what a postproc placed first sees), in the same order.
     Deterministic for a given ``seed``.
     """
     if isinstance(mod, tirx.PrimFunc):
@@ -80,11 +84,14 @@ def sample_candidates(mod, target, space, n: int, seed: int = 0, *, context=None
         sch = Schedule(mod, seed=rng.randrange(1, 2**30), error_render_level="none")
         try:
             Trace(sketch.trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+            before = sch.mod  # postprocs replace the schedule's module, never change this one
             ok = all(p.apply(sch) for p in postprocs)
         except Exception:  # noqa: BLE001 -- a bad draw is a dropped candidate, as in MetaSchedule
             ok = False
         if ok:
             out.append(sch)
+            if before_postprocs is not None:
+                before_postprocs.append(before)
         else:
             dropped += 1
     if stats is not None:
