@@ -26,10 +26,14 @@ def test_tiny_run_writes_one_row_per_configuration(tmp_path, capsys):
         # a population of 4 may find no valid CUDA candidate ("cannot sample enough initial
         # population"): that is a batch of 0, counted as such
         assert row["candidates"] >= (1 if row["target"] == "llvm" else 0)
+        # the search tried at least the batch it returned (and at least a population)
+        assert row["sampled_all"][0] >= max(row["candidates"], 4) and row["ms_per_sample"] > 0
         assert row["per_postproc_ms"] and all(v is None or v >= 0 for v in row["per_postproc_ms"].values())
     cuda_posts = {r["space"]: set(r["per_postproc_ms"]) for r in doc["rows"] if r["target"] == "cuda"}
     assert "VerifyGPUCode(tvm_ext)" in cuda_posts["plugin"] and "VerifyGPUCode" in cuda_posts["upstream"]
     assert {(r["target"], r["threads"]) for r in doc["ratios"]} == {("cuda", 1), ("llvm", 1)}
+    for ratio in doc["ratios"]:  # the two factors of the ratio: sampled x ms per sample
+        assert ratio["sampled_ratio"] > 0 and ratio["ms_per_sample_ratio"] > 0
     assert doc["settings"]["space_reps"] == 1
     for row in doc["rows"]:
         assert row["space_generation_ms"] > 0 and row["sketches"] >= 1
@@ -93,7 +97,7 @@ def test_round_r_searches_with_seed_plus_r_unless_same_seed(monkeypatch, capsys,
 
     def fake(mod, target, ruleset, **kw):
         used.append((ruleset, kw["seed"]))
-        return 1.0, 2
+        return 1.0, 2, 10
 
     monkeypatch.setattr(search_cost, "generate_once", fake)
     args = ["bench-search", "--targets", "llvm", "--rounds", "2", "--seed", "5", "--threads", "1",

@@ -6,7 +6,11 @@ candidates is generated as a tuning run's first iteration does: a fresh ``TuneCo
 with ``EvolutionarySearch`` (the same population, init_min_unmeasured, genetic
 iterations and seed for both spaces), ``RandomModel`` and an empty ``MemoryDatabase``;
 only ``generate_measure_candidates()`` is timed (sampling the initial population, the
-genetic iterations, every postproc on every candidate they try).  Rounds are
+genetic iterations, every postproc on every candidate they try).  The candidates the search
+tried are counted (``sampled``) by a thin Python postproc around the space's first one, in
+both spaces: a space whose postprocs reject more makes the search sample more for the same
+batch, so seconds = sampled x ms per sample, and the ratio of the spaces is the product of
+those two ratios (``sampled_ratio``, ``ms_per_sample_ratio``).  Rounds are
 interleaved (round r measures every configuration once, spaces alternating) and the
 median of the rounds is reported.  Round r searches with seed ``seed + r`` in both
 spaces (``same_seed=True``: ``seed`` in every round): a search's path depends on its seed
@@ -33,15 +37,19 @@ Public API
 TASKS, SPACES, TARGETS
 run(tasks=("seed",), targets=("cuda", "llvm"), threads=(1, 2), rounds=3, ...) -> dict
     {"target": [...], "settings": {...}, "host": {...}, "rows": [{task, target, space,
-    threads, seconds, seconds_all, candidates, per_postproc_ms, postproc_applications,
-    space_generation_ms, sketches, rule_ms, rule_calls}]}; ``out``: written there.
+    threads, seconds, seconds_all, candidates, sampled, sampled_all, ms_per_sample,
+    per_postproc_ms, postproc_applications, space_generation_ms, sketches, rule_ms,
+    rule_calls}]}; ``out``: written there.  ``ms_per_sample``: all rounds' seconds over all
+    rounds' sampled candidates.
     The last four are per task, target and space (the same in every thread count's row).
 space_generation_cost(mod, target, ruleset, reps=...) -> {ms, sketches, rule_ms, rule_calls}
-ratios(doc) -> list of {task, target, threads, plugin, upstream, ratio}
+ratios(doc) -> list of {task, target, threads, plugin, upstream, ratio, sampled_ratio,
+    ms_per_sample_ratio}
 """
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from typing import Callable, Optional
 
@@ -64,14 +72,19 @@ def _check(values, known, what: str) -> tuple:
 
 def generate_once(mod, target, ruleset: str, *, population: int, init_min_unmeasured: int,
                   genetic_num_iters: int, candidates: int, threads: int, seed: int) -> tuple:
-    """(seconds, number of candidates) of one ``generate_measure_candidates()`` call."""
+    """(seconds, number of candidates, candidates sampled) of one
+    ``generate_measure_candidates()`` call; *sampled*: how many candidates the search passed
+    to the space's postprocs (counted by a wrapper around the first: module doc)."""
     import tvm_ext
     from tvm.s_tir import meta_schedule as ms
 
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=population, init_min_unmeasured=init_min_unmeasured,
         genetic_num_iters=genetic_num_iters)
-    ctx = ms.TuneContext(mod, target=target, space_generator=tvm_ext.space(target, ruleset),
+    posts = tvm_ext.default_postprocs(target, ruleset)
+    counter = _SampleCounter()
+    posts[0] = counter.wrap(posts[0])
+    ctx = ms.TuneContext(mod, target=target, space_generator=tvm_ext.space(target, ruleset, postprocs=posts),
                          search_strategy=strategy, num_threads=threads, rand_state=seed,
                          task_name="bench_search")
     design_spaces = ctx.generate_design_space()
@@ -81,7 +94,47 @@ def generate_once(mod, target, ruleset: str, *, population: int, init_min_unmeas
     batch = ctx.generate_measure_candidates()
     seconds = time.perf_counter() - start
     ctx.post_tuning()
-    return seconds, len(batch or [])
+    return seconds, len(batch or []), counter.count
+
+
+_COUNTED_POSTPROC = None
+
+
+class _SampleCounter:
+    """Counts the candidates a search hands to a space: ``wrap(first postproc)``."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def add(self) -> None:
+        with self.lock:
+            self.count += 1
+
+    def wrap(self, post):
+        global _COUNTED_POSTPROC  # pylint: disable=global-statement -- the class is made once, lazily
+        if _COUNTED_POSTPROC is None:
+            from tvm.ir.utils import derived_object
+            from tvm.s_tir.meta_schedule.postproc import PyPostproc
+
+            @derived_object
+            class CountedPostproc(PyPostproc):
+                def __init__(self, inner, counter):
+                    super().__init__()
+                    self.inner, self.counter = inner, counter
+
+                def _initialize_with_tune_context(self, context) -> None:
+                    self.inner._initialize_with_tune_context(context)  # pylint: disable=protected-access
+
+                def apply(self, sch) -> bool:
+                    self.counter.add()
+                    return bool(self.inner.apply(sch))
+
+                def clone(self):
+                    return CountedPostproc(self.inner.clone(), self.counter)
+
+            _COUNTED_POSTPROC = CountedPostproc
+        return _COUNTED_POSTPROC(post, self)
 
 
 def postproc_cost(mod, target, ruleset: str, *, samples: int, seed: int) -> dict:
@@ -260,6 +313,7 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
                 "postproc_samples": postproc_samples, "space_reps": space_reps}
     times: dict = {}
     counts: dict = {}
+    samples: dict = {}
     configs = [(task, t, n, s) for t in targets for task in tasks for n in threads for s in spaces]
     for r in range(rounds):
         # interleaved: every configuration once per round, the order of the spaces reversed
@@ -267,13 +321,15 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
         order = [(task, t, n, s) for t in targets for task in tasks for n in threads
                  for s in (spaces if r % 2 == 0 else spaces[::-1])]
         for task, t, n, s in order:
-            secs, got = generate_once(mods[(task, t)], tgt[t], s, population=population,
+            secs, got, sampled = generate_once(mods[(task, t)], tgt[t], s, population=population,
                                       init_min_unmeasured=init_min_unmeasured,
                                       genetic_num_iters=genetic_num_iters, candidates=candidates,
                                       threads=n, seed=seeds[r])
             times.setdefault((task, t, n, s), []).append(secs)
             counts.setdefault((task, t, n, s), []).append(got)
-            progress(f"round {r + 1}/{rounds}: {task} {t} {s} threads {n}: {secs:.1f} s, {got} candidates")
+            samples.setdefault((task, t, n, s), []).append(sampled)
+            progress(f"round {r + 1}/{rounds}: {task} {t} {s} threads {n}: {secs:.1f} s, {got} candidates, "
+                     f"{sampled} sampled")
     post = {}
     if postproc_samples:
         for task in tasks:
@@ -299,6 +355,8 @@ def run(tasks=("seed",), targets=TARGETS, threads=(1, 2), rounds: int = 3, *, po
                      "seconds": round(statistics.median(times[key]), 2),
                      "seconds_all": [round(x, 2) for x in times[key]],
                      "candidates": min(counts[key]),
+                     "sampled": statistics.median(samples[key]), "sampled_all": samples[key],
+                     "ms_per_sample": round(1000 * sum(times[key]) / max(1, sum(samples[key])), 2),
                      "per_postproc_ms": {k: v["ms"] for k, v in posts.items()} if pc else None,
                      "postproc_applications": {k: v["applications"] for k, v in posts.items()} if pc else None,
                      **_generation_fields(gen.get((task, t, s)))})
@@ -325,6 +383,14 @@ def ratios(doc: dict) -> list:
         if s != "plugin" or (task, t, n, "upstream") not in by:
             continue
         up = by[(task, t, n, "upstream")]
+        rows = {(r["space"]): r for r in doc["rows"]
+                if (r["task"], r["target"], r["threads"]) == (task, t, n)}
+        sampled = {s_: rows[s_].get("sampled") for s_ in ("plugin", "upstream")}
+        per = {s_: rows[s_].get("ms_per_sample") for s_ in ("plugin", "upstream")}
         out.append({"task": task, "target": t, "threads": n, "plugin": secs, "upstream": up,
-                    "ratio": round(secs / up, 2) if up else None})
+                    "ratio": round(secs / up, 2) if up else None,
+                    "sampled_ratio": (round(sampled["plugin"] / sampled["upstream"], 2)
+                                      if sampled["plugin"] and sampled["upstream"] else None),
+                    "ms_per_sample_ratio": (round(per["plugin"] / per["upstream"], 2)
+                                            if per["plugin"] and per["upstream"] else None)})
     return out

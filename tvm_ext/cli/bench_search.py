@@ -18,7 +18,8 @@ def add_parser(sub) -> None:
         description="For each task, target, thread count and space (tvm_ext.space plugin / upstream), "
                     "generate one batch of measure candidates with EvolutionarySearch (same settings and "
                     "seed, RandomModel, empty MemoryDatabase), in interleaved rounds; print the median "
-                    "seconds, the ratio plugin/upstream, the milliseconds per postproc per candidate and per "
+                    "seconds, the ratio plugin/upstream (and its two factors: candidates the search sampled, "
+                    "milliseconds per sampled candidate), the milliseconds per postproc per candidate and per "
                     "design-space generation (with the part spent in each of our Python rules). "
                     "CUDA candidates are generated and verified on the CPU: no GPU needed. "
                     "Issue 16's settings: --population 256 --init-min-unmeasured 256 --candidates 64.")
@@ -71,15 +72,21 @@ def format_table(doc: dict) -> str:
     from tvm_ext.cli.table import render
 
     s = doc["settings"]
-    rows = [[r["task"], r["target"], r["threads"], r["space"], f"{r['seconds']:.2f}", r["candidates"]]
-            for r in doc["rows"]]
+    rows = [[r["task"], r["target"], r["threads"], r["space"], f"{r['seconds']:.2f}", r["candidates"],
+             r.get("sampled"), r.get("ms_per_sample")] for r in doc["rows"]]
     lines = [f"bench-search: population {s['population']}, init_min_unmeasured {s['init_min_unmeasured']}, "
              f"genetic iters {s['genetic_num_iters']}, {s['candidates']} candidates, "
              f"median of {s['rounds']} rounds",
-             render(["task", "target", "threads", "space", "seconds", "candidates"], rows, "<<><>>"), ""]
-    ratio_rows = [[r["task"], r["target"], r["threads"], f"{r['ratio']:.2f}x" if r["ratio"] else None]
-                  for r in doc["ratios"]]
-    lines.append(render(["task", "target", "threads", "plugin/upstream"], ratio_rows, "<<>>"))
+             render(["task", "target", "threads", "space", "seconds", "candidates", "sampled", "ms/sample"],
+                    rows, "<<><>>>>"), ""]
+
+    def times(value):
+        return f"{value:.2f}x" if value else None
+
+    ratio_rows = [[r["task"], r["target"], r["threads"], times(r["ratio"]), times(r.get("sampled_ratio")),
+                   times(r.get("ms_per_sample_ratio"))] for r in doc["ratios"]]
+    lines.append(render(["task", "target", "threads", "plugin/upstream", "sampled", "ms/sample"],
+                        ratio_rows, "<<>>>>"))
     post_rows = []
     for r in doc["rows"]:
         if r["threads"] == doc["rows"][0]["threads"] and r["per_postproc_ms"]:
