@@ -60,6 +60,7 @@ from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, c
                                         nbytes, normalize, nvcc_build, runner_seconds,
                                         sampled_schedule, seed_database, verify)
 from tvm_ext.bench.phi2_peers import make_peers
+from tvm_ext.rules import row_norm_cpu
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune.database import DB_FILES, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
@@ -87,7 +88,9 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
     if "rule" in schedules:
         rule = _rule_module()
-        scheduled["rule"] = {n: (rule.untuned(m, target) if rule.matches(m["main"]) else scheduled["dlight"][n])
+        scheduled["rule"] = {n: (rule.untuned(m, target) if rule.matches(m["main"])
+                                 else row_norm_cpu.untuned(m, target) if row_norm_cpu.matches(m["main"])
+                                 else scheduled["dlight"][n])
                              for n, m in mods.items()}
     dl_secs, dbs = {}, {}
     tuning = not build_only and not from_logs

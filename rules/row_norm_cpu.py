@@ -1,0 +1,114 @@
+"""Row normalizations on CPU (LayerNorm as Relax legalizes it): each row statistic once.
+
+Pattern (by structure, never by name): a PrimFunc whose last block writes the output over
+``rows x D`` (all axes spatial) and whose other blocks each write one value per row (a buffer
+shaped like the rows): reductions over the rows' trailing axis (``x_sum``, ``x_var_sum``) and
+per-row scalars (``x_mean``).  Relax's ``nn.layer_norm`` over the last axis legalizes to exactly
+that; softmax does not match (its ``exp`` block writes a whole ``rows x D`` intermediate).
+
+Why: dlight's CPU Reduction rule computes the row statistics at the output's inner loop, so
+each of Phi-2's 2560 outputs recomputes both reductions over the 2560 inputs: 7 ms per decode
+LayerNorm, 40 % of a decode step with DequantGEMV, where the unscheduled kernel takes ~0.01 ms
+(``tvm-ext generate``, tuning_logs/README.md).  This schedule keeps the unscheduled kernel's
+order -- each statistic computed once per row, before that row's outputs -- with the rows
+fused and parallel when there are several (prefill), each statistic computed at its row, and
+the output's trailing axis vectorized.  The reductions stay serial, in the order of the
+unscheduled kernel (a float sum reassociated would change the result's last bits).
+
+Used untuned (``untuned(mod, target)``, like dlight) by the Phi-2 ``rule`` schedules; not a
+MetaSchedule rule (in ``tvm_ext.space`` MetaSchedule's own rules schedule this kernel).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+from tvm.s_tir import Schedule
+from tvm.s_tir.schedule import ScheduleError
+
+from tvm_ext.tir_utils import is_param
+
+VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
+
+
+def _shape(buf) -> Optional[tuple]:
+    try:
+        return tuple(int(e) for e in buf.shape)
+    except TypeError:  # a symbolic extent
+        return None
+
+
+def _plan(func) -> Optional[tuple]:
+    """(output block name, statistics block names in order, rows extents, D) or None."""
+    if not isinstance(func, tvm.tirx.PrimFunc):
+        return None
+    sch = Schedule(tvm.IRModule({"main": func}))
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except ScheduleError:
+        return None
+    if len(blocks) < 2:
+        return None
+    *stats, last = [sch.get(b) for b in blocks]
+    if len(last.writes) != 1 or not is_param(func, last.writes[0].source):
+        return None
+    out_shape = _shape(last.writes[0].source)
+    if not out_shape or len(out_shape) < 2 or any(iv.iter_type != 0 for iv in last.iter_vars):
+        return None
+    rows, d = out_shape[:-1], out_shape[-1]
+    reductions = 0
+    for block in stats:
+        if len(block.writes) != 1 or is_param(func, block.writes[0].source):
+            return None
+        if _shape(block.writes[0].source) != rows:
+            return None
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        if kinds[:len(rows)] != [0] * len(rows) or len(kinds) > len(rows) + 1:
+            return None
+        if len(kinds) == len(rows) + 1:
+            if kinds[-1] != 2 or int(block.iter_vars[-1].dom.extent) != d:
+                return None
+            reductions += 1
+    if not reductions:
+        return None
+    return last.name_hint, [b.name_hint for b in stats], rows, d
+
+
+def _schedule(name: str, func):
+    plan = _plan(func)
+    if plan is None:
+        return None
+    out_name, stat_names, rows, d = plan
+    sch = Schedule(tvm.IRModule({name: func}))
+    sch.work_on(name)
+    try:
+        out = sch.get_sblock(out_name)
+        *row_loops, inner = sch.get_loops(out)
+        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+        for stat in reversed(stat_names):  # consumers first: each lands under the row loop
+            sch.compute_at(sch.get_sblock(stat), row, preserve_unit_loops=True)
+        lanes = next((n for n in VECTOR_LANES if d % n == 0), None)
+        if lanes is not None:
+            sch.vectorize(sch.split(inner, [None, lanes])[1])
+        total_rows = 1
+        for extent in rows:
+            total_rows *= extent
+        if total_rows > 1:
+            sch.parallel(row)
+    except ScheduleError:
+        return None
+    return sch.mod[name]
+
+
+def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
+    """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
+    out = {}
+    for gv, func in mod.functions.items():
+        scheduled = _schedule(gv.name_hint, func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        out[gv] = func if scheduled is None else scheduled
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
+def matches(func) -> bool:
+    """Whether ``untuned`` schedules ``func`` (a row normalization this rule handles)."""
+    return _schedule("main", func) is not None

@@ -1,0 +1,85 @@
+"""rules/row_norm_cpu: LayerNorm on CPU with each row statistic computed once.
+
+Against NumPy on the reduced Phi-2 kernels (decode: one row; prefill: 16 rows, parallel),
+the shape of the schedule (statistics at the row loop, not inside the output's loop, as
+dlight's CPU Reduction puts them), and every other Phi-2 kernel left alone.
+"""
+import numpy as np
+import pytest
+import tvm
+
+from tvm_ext.rules import row_norm_cpu
+from tvm_ext.tir_utils import blocks_of
+from tvm_ext.workloads import phi2
+
+
+def _main(func):
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    decode = phi2.kernels(phi2.build_decode(context=8, config="reduced", fusion=True)).kernels
+    prefill = phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels
+    return decode, prefill
+
+
+def _layer_norms(ks):
+    found = [k for k in ks if row_norm_cpu.matches(k.func)]
+    return found
+
+
+def _layer_norm_reference(x, g, b, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * g + b
+
+
+@pytest.mark.parametrize("which", ["decode", "prefill"])
+def test_layer_norm_matches_numpy(kernels, which):
+    ks = kernels[0] if which == "decode" else kernels[1]
+    found = _layer_norms(ks)
+    assert found and all("layer_norm" in k.name for k in found)  # what matches is the LayerNorm
+    kernel = found[0]
+    mod = row_norm_cpu.untuned(_main(kernel.func), None)
+    ex = tvm.compile(mod, target="llvm")
+    rng = np.random.default_rng(0)
+    params = kernel.func.params
+    arrays = [rng.standard_normal([int(s) for s in p.shape]).astype(str(p.dtype)) for p in params]
+    arrays[-1][...] = 0
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    ex["main"](*args)
+    x, g, b = arrays[:3]
+    # the legalized kernel's epsilon is a literal in its body: 1e-5 in Phi-2
+    np.testing.assert_allclose(args[-1].numpy(), _layer_norm_reference(x, g, b, 1e-5), rtol=1e-4, atol=1e-4)
+
+
+def test_statistics_are_computed_once_per_row(kernels):
+    """Under the row loop, each statistic's reduction loop is its own (not nested in the
+    output's trailing loop); the rows run in parallel when there are several."""
+    from tvm.s_tir import Schedule
+
+    for ks, parallel in ((kernels[0], False), (kernels[1], True)):
+        kernel = _layer_norms(ks)[0]
+        sch = Schedule(row_norm_cpu.untuned(_main(kernel.func), None))
+        blocks = [b.name_hint for b in blocks_of(sch.mod["main"])]
+        *stats, out = blocks
+        out_loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(out))]
+        row = out_loops[0]
+        for stat in stats:
+            loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(stat))]
+            assert loops[0].same_as(row)  # at the row loop, not inside the output's loops
+            assert not any(loop.same_as(out_loops[-1]) or loop.same_as(out_loops[-2]) for loop in loops)
+        assert (row.kind == tvm.tirx.ForKind.PARALLEL) == parallel
+        assert out_loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
+
+
+def test_other_kernels_are_left_alone(kernels):
+    """Softmax (a whole rows x D intermediate), the GEMVs, attention, rope: not matched, and
+    ``untuned`` returns them unchanged."""
+    others = [k for k in kernels[0] + kernels[1] if "layer_norm" not in k.name]
+    assert any("softmax" in k.name for k in others)
+    for kernel in others:
+        mod = _main(kernel.func)
+        assert not row_norm_cpu.matches(kernel.func), kernel.name
+        tvm.ir.assert_structural_equal(row_norm_cpu.untuned(mod, None), mod)
