@@ -146,7 +146,7 @@ def test_cli_generate_json(tmp_path, capsys):
     assert main(["generate", "--config", "reduced", "--schedule", "none,bogus"]) == 2
 
 
-def test_rule_schedules_the_gemv_kernels_and_layer_norm_and_dlight_the_rest(model):
+def test_rule_schedules_gemv_layer_norm_attention_and_dlight_the_rest(model):
     pytest.importorskip("tvm_ext.rules.dequant_gemv")
     from tvm_ext.targets import resolve_target
 
@@ -154,8 +154,9 @@ def test_rule_schedules_the_gemv_kernels_and_layer_norm_and_dlight_the_rest(mode
     labels = phi2_e2e.kernel_labels(model.mod)
     assert {n for n, how in used.items() if how == "dequant_gemv"} == set(labels) - {"embed_lookup"}
     # LayerNorm by our row-normalization schedule (dlight's CPU Reduction recomputes its
-    # statistics per output); softmax still by dlight
+    # statistics per output), attention by our contraction schedule; softmax still by dlight
     assert used["layer_norm"] == "row_norm_cpu" and used["softmax"] == "Reduction" and "kv_write" not in used
+    assert used["attn_score"] == used["attn_value"] == "contraction_cpu"
     for name in labels:
         if name != "embed_lookup":
             assert not tvm_ffi.structural_equal(mod[name], model.mod[name])

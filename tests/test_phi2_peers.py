@@ -165,6 +165,14 @@ def test_unknown_schedule_is_refused():
         phi2_bench.run("phi2-decode", schedules=["dlight", "fast"], config="reduced", out_json="")
 
 
+def test_the_cpu_rule_schedules_are_refused_for_a_gpu_target():
+    from kernels import cuda_target
+
+    with pytest.raises(ValueError, match="schedule 'rule' is CPU schedules"):
+        phi2_bench.run("phi2-decode", target=cuda_target(), schedules=["dlight", "rule"], build_only=True,
+                       config="reduced", out_json="")
+
+
 # ----------------------------------------------------------------------------- seeded database
 def test_seed_run_secs_come_from_the_tuning_runner(tmp_path, fused):
     """The seeded database's dlight records hold what the runner handed to ``_schedules``

@@ -60,7 +60,7 @@ from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, c
                                         nbytes, normalize, nvcc_build, runner_seconds,
                                         sampled_schedule, seed_database, verify)
 from tvm_ext.bench.phi2_peers import make_peers
-from tvm_ext.rules import row_norm_cpu
+from tvm_ext.rules import contraction_cpu, row_norm_cpu
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune.database import DB_FILES, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
@@ -90,6 +90,7 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         rule = _rule_module()
         scheduled["rule"] = {n: (rule.untuned(m, target) if rule.matches(m["main"])
                                  else row_norm_cpu.untuned(m, target) if row_norm_cpu.matches(m["main"])
+                                 else contraction_cpu.untuned(m, target) if contraction_cpu.matches(m["main"])
                                  else scheduled["dlight"][n])
                              for n, m in mods.items()}
     dl_secs, dbs = {}, {}
@@ -170,10 +171,12 @@ def _rule_module():
     return dequant_gemv
 
 
-def available_schedules() -> tuple:
-    """SCHEDULES, plus "rule" when the dequantize-GEMV rule (rules/dequant_gemv.py) is installed:
-    its ``untuned`` schedule for the kernels it ``matches``, dlight's for the others."""
-    return SCHEDULES + (("rule",) if _rule_module() is not None else ())
+def available_schedules(gpu: bool = False) -> tuple:
+    """SCHEDULES, plus "rule" on CPU targets when the dequantize-GEMV rule (rules/dequant_gemv.py)
+    is installed: its ``untuned`` schedule for the kernels it ``matches`` (and those of
+    rules/row_norm_cpu and rules/contraction_cpu for LayerNorm and attention), dlight's for the
+    others.  Those are CPU schedules (parallel and vector loops, no GPU threads): not on GPUs."""
+    return SCHEDULES + (("rule",) if _rule_module() is not None and not gpu else ())
 
 
 def run(workload, target="llvm", trials=None, from_logs=False, build_only=False, out_json=None,
@@ -188,9 +191,9 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         cfg_pool = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
         if cfg_pool is not None:
             cfg_pool(1, int(threads))
-    schedules = _check_schedules(schedules)
     target = resolve_target(target)
     gpu = is_gpu(target)
+    schedules = _check_schedules(schedules, gpu)
     if peers and (gpu or workload != "phi2-decode"):
         raise ValueError("--peers is for phi2-decode on llvm (the decode projections on the CPU)")
     if build_only and gpu:
@@ -257,11 +260,14 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     return result
 
 
-def _check_schedules(schedules) -> tuple:
+def _check_schedules(schedules, gpu: bool = False) -> tuple:
     """The schedules to run, in SCHEDULES order, dlight always first; ValueError for an unknown one."""
-    known = available_schedules()
+    known = available_schedules(gpu)
     names = list(known) if not schedules else [s.strip() for s in schedules if s.strip()]
     for s in names:
+        if s == "rule" and gpu:
+            raise ValueError("schedule 'rule' is CPU schedules (parallel and vector loops); "
+                             f"for a GPU target choose from {', '.join(known)}")
         if s not in known:
             raise ValueError(f"unknown schedule {s!r}; known here: {', '.join(known)}")
     return tuple(s for s in known if s in names or s == "dlight")

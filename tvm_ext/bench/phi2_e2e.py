@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from tvm_ext.bench.phi2_kernels import best_schedule, dlight_schedule, measure_bandwidth, normalize
-from tvm_ext.rules import row_norm_cpu
+from tvm_ext.rules import contraction_cpu, row_norm_cpu
 
 
 SCHEDULES = ("dlight", "rule", "tuned", "none")
@@ -32,12 +32,14 @@ DEFAULT_DATABASE = "tuning_logs/phi2-decode-llvm-fused/metaschedule"
 
 def schedule(mod, target, how="dlight", database=None):
     """``mod`` with every PrimFunc scheduled: ``"dlight"`` by dlight's CPU rules; ``"rule"``
-    by tvm_ext's dequantize-GEMV rule (rules/dequant_gemv) and row-normalization schedule
-    (rules/row_norm_cpu: LayerNorm) for the kernels they match and dlight for the rest; ``"tuned"`` by the best record of the tuning database ``database``
+    by tvm_ext's dequantize-GEMV rule (rules/dequant_gemv), row-normalization schedule
+    (rules/row_norm_cpu: LayerNorm) and contraction schedule (rules/contraction_cpu: decode
+    attention) for the kernels they match and dlight for the rest; ``"tuned"`` by the best record of the tuning database ``database``
     (a work dir, read only; default ``DEFAULT_DATABASE``) for the kernels it holds (same
     structural hash) and dlight for the rest; ``"none"`` leaves the kernels as built (LLVM
     compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule
-    name | "dequant_gemv" | "row_norm_cpu" | "tuned" | "none"}); the in-place KV write is never scheduled."""
+    name | "dequant_gemv" | "row_norm_cpu" | "contraction_cpu" |
+    "tuned" | "none"}); the in-place KV write is never scheduled."""
     import tvm
 
     if how not in SCHEDULES:
@@ -59,6 +61,8 @@ def schedule(mod, target, how="dlight", database=None):
             sch_mod, used[gv.name_hint] = rule.untuned(m, target), "dequant_gemv"
         elif rule is not None and row_norm_cpu.matches(m["main"]):
             sch_mod, used[gv.name_hint] = row_norm_cpu.untuned(m, target), "row_norm_cpu"
+        elif rule is not None and contraction_cpu.matches(m["main"]):
+            sch_mod, used[gv.name_hint] = contraction_cpu.untuned(m, target), "contraction_cpu"
         else:
             name, sch = dlight_schedule(m, target)
             used[gv.name_hint] = name

@@ -1,0 +1,58 @@
+"""rules/contraction_cpu: Phi-2's attention contractions on CPU, read in memory order.
+
+Against the unscheduled kernels (same random inputs, compiled both ways) on the reduced decode
+and prefill attention, the form each gets (dot: rfactored vector partial sums; axpy: the
+reduction outside a vectorized output row), and the other kernels left alone.
+"""
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+
+from tvm_ext.rules import contraction_cpu
+from tvm_ext.workloads import phi2
+
+
+def _main(func):
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    decode = phi2.kernels(phi2.build_decode(context=8, config="reduced", fusion=True)).kernels
+    prefill = phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels
+    return {"decode": decode, "prefill": prefill}
+
+
+def _run(mod, func, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = [tvm.runtime.tensor(rng.standard_normal([int(s) for s in p.shape]).astype(str(p.dtype)))
+              for p in func.params]
+    tvm.compile(mod, target="llvm")["main"](*arrays)
+    return arrays[-1].numpy()
+
+
+@pytest.mark.parametrize("which", ["decode", "prefill"])
+@pytest.mark.parametrize("name, form", [("attn_score", "dot"), ("attn_value", "axpy")])
+def test_attention_matches_the_unscheduled_kernel(kernels, which, name, form):
+    (kernel,) = [k for k in kernels[which] if k.name == name]
+    assert contraction_cpu._form(kernel.func) == form  # pylint: disable=protected-access
+    mod = _main(kernel.func)
+    scheduled = contraction_cpu.untuned(mod, None)
+    assert not tvm_ffi.structural_equal(scheduled["main"], mod["main"])
+    script = scheduled["main"].script()
+    assert "T.parallel" in script and "T.vectorized" in script
+    if form == "dot":
+        assert "_rf" in script  # the vector of partial sums
+    np.testing.assert_allclose(_run(scheduled, kernel.func), _run(mod, kernel.func), rtol=1e-5, atol=1e-5)
+
+
+def test_other_kernels_are_left_alone(kernels):
+    """LayerNorm, softmax, rope, the fused dequantize-GEMVs (several blocks): not matched, and
+    ``untuned`` returns them unchanged."""
+    others = [k for k in kernels["decode"] + kernels["prefill"] if not k.name.startswith("attn_")]
+    assert any("dequantize" in k.name for k in others) and any("softmax" in k.name for k in others)
+    for kernel in others:
+        mod = _main(kernel.func)
+        assert not contraction_cpu.matches(kernel.func), kernel.name
+        tvm.ir.assert_structural_equal(contraction_cpu.untuned(mod, None), mod)
