@@ -30,7 +30,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import collect, is_param
+from tvm_ext.tir_utils import collect, is_param, root_child_blocks
 
 LANES = 8  # float32 lanes of one AVX2 register
 CHUNK = 64  # outputs per parallel chunk in the axpy form
@@ -42,13 +42,10 @@ def _uses(expr, var) -> bool:
 
 def _form(func) -> Optional[str]:
     """"dot", "axpy" or None (module doc)."""
-    if not isinstance(func, tirx.PrimFunc):
+    found = root_child_blocks(func)
+    if found is None:
         return None
-    sch = Schedule(tvm.IRModule({"main": func}))
-    try:
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except ScheduleError:
-        return None
+    sch, blocks = found
     if len(blocks) != 1:
         return None
     block = sch.get(blocks[0])

@@ -26,7 +26,7 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import is_param
+from tvm_ext.tir_utils import is_param, root_child_blocks
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
 
@@ -40,13 +40,10 @@ def _shape(buf) -> Optional[tuple]:
 
 def _plan(func) -> Optional[tuple]:
     """(output block name, statistics block names in order, rows extents, D) or None."""
-    if not isinstance(func, tvm.tirx.PrimFunc):
+    found = root_child_blocks(func)
+    if found is None:
         return None
-    sch = Schedule(tvm.IRModule({"main": func}))
-    try:
-        blocks = sch.get_child_blocks(sch.get_sblock("root"))
-    except ScheduleError:
-        return None
+    sch, blocks = found
     if len(blocks) < 2:
         return None
     *stats, last = [sch.get(b) for b in blocks]

@@ -129,3 +129,17 @@ def upstream_rules_without(target, rule_name):
     from tvm.s_tir import meta_schedule as ms
 
     return [r for r in ms.ScheduleRule.create(target.kind.name) if type(r).__name__ != rule_name]
+
+
+def as_main(func) -> tvm.IRModule:
+    """``func`` alone in a module, as ``main`` with that global symbol (what tvm.compile needs)."""
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def phi2_reduced_kernels() -> dict:
+    """The fused kernels of the reduced Phi-2: {"decode": [...] (8 past positions),
+    "prefill": [...] (16 tokens)}."""
+    from tvm_ext.workloads import phi2
+
+    return {"decode": phi2.kernels(phi2.build_decode(context=8, config="reduced", fusion=True)).kernels,
+            "prefill": phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels}

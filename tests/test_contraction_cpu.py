@@ -9,19 +9,13 @@ import pytest
 import tvm
 import tvm_ffi
 
+from kernels import as_main, phi2_reduced_kernels
 from tvm_ext.rules import contraction_cpu
-from tvm_ext.workloads import phi2
-
-
-def _main(func):
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    decode = phi2.kernels(phi2.build_decode(context=8, config="reduced", fusion=True)).kernels
-    prefill = phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels
-    return {"decode": decode, "prefill": prefill}
+    return phi2_reduced_kernels()
 
 
 def _run(mod, func, seed=0):
@@ -37,7 +31,7 @@ def _run(mod, func, seed=0):
 def test_attention_matches_the_unscheduled_kernel(kernels, which, name, form):
     (kernel,) = [k for k in kernels[which] if k.name == name]
     assert contraction_cpu._form(kernel.func) == form  # pylint: disable=protected-access
-    mod = _main(kernel.func)
+    mod = as_main(kernel.func)
     scheduled = contraction_cpu.untuned(mod, None)
     assert not tvm_ffi.structural_equal(scheduled["main"], mod["main"])
     script = scheduled["main"].script()
@@ -53,6 +47,6 @@ def test_other_kernels_are_left_alone(kernels):
     others = [k for k in kernels["decode"] + kernels["prefill"] if not k.name.startswith("attn_")]
     assert any("dequantize" in k.name for k in others) and any("softmax" in k.name for k in others)
     for kernel in others:
-        mod = _main(kernel.func)
+        mod = as_main(kernel.func)
         assert not contraction_cpu.matches(kernel.func), kernel.name
         tvm.ir.assert_structural_equal(contraction_cpu.untuned(mod, None), mod)

@@ -8,25 +8,18 @@ import numpy as np
 import pytest
 import tvm
 
+from kernels import as_main, phi2_reduced_kernels
 from tvm_ext.rules import row_norm_cpu
 from tvm_ext.tir_utils import blocks_of
-from tvm_ext.workloads import phi2
-
-
-def _main(func):
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    decode = phi2.kernels(phi2.build_decode(context=8, config="reduced", fusion=True)).kernels
-    prefill = phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels
-    return decode, prefill
+    return phi2_reduced_kernels()
 
 
 def _layer_norms(ks):
-    found = [k for k in ks if row_norm_cpu.matches(k.func)]
-    return found
+    return [k for k in ks if row_norm_cpu.matches(k.func)]
 
 
 def _layer_norm_reference(x, g, b, eps):
@@ -37,11 +30,11 @@ def _layer_norm_reference(x, g, b, eps):
 
 @pytest.mark.parametrize("which", ["decode", "prefill"])
 def test_layer_norm_matches_numpy(kernels, which):
-    ks = kernels[0] if which == "decode" else kernels[1]
+    ks = kernels[which]
     found = _layer_norms(ks)
     assert found and all("layer_norm" in k.name for k in found)  # what matches is the LayerNorm
     kernel = found[0]
-    mod = row_norm_cpu.untuned(_main(kernel.func), None)
+    mod = row_norm_cpu.untuned(as_main(kernel.func), None)
     ex = tvm.compile(mod, target="llvm")
     rng = np.random.default_rng(0)
     params = kernel.func.params
@@ -59,9 +52,9 @@ def test_statistics_are_computed_once_per_row(kernels):
     output's trailing loop); the rows run in parallel when there are several."""
     from tvm.s_tir import Schedule
 
-    for ks, parallel in ((kernels[0], False), (kernels[1], True)):
+    for ks, parallel in ((kernels["decode"], False), (kernels["prefill"], True)):
         kernel = _layer_norms(ks)[0]
-        sch = Schedule(row_norm_cpu.untuned(_main(kernel.func), None))
+        sch = Schedule(row_norm_cpu.untuned(as_main(kernel.func), None))
         blocks = [b.name_hint for b in blocks_of(sch.mod["main"])]
         *stats, out = blocks
         out_loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(out))]
@@ -77,9 +70,9 @@ def test_statistics_are_computed_once_per_row(kernels):
 def test_other_kernels_are_left_alone(kernels):
     """Softmax (a whole rows x D intermediate), the GEMVs, attention, rope: not matched, and
     ``untuned`` returns them unchanged."""
-    others = [k for k in kernels[0] + kernels[1] if "layer_norm" not in k.name]
+    others = [k for k in kernels["decode"] + kernels["prefill"] if "layer_norm" not in k.name]
     assert any("softmax" in k.name for k in others)
     for kernel in others:
-        mod = _main(kernel.func)
+        mod = as_main(kernel.func)
         assert not row_norm_cpu.matches(kernel.func), kernel.name
         tvm.ir.assert_structural_equal(row_norm_cpu.untuned(mod, None), mod)

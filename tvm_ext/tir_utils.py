@@ -5,7 +5,7 @@ TVM 0.27 has no ``tirx.stmt_functor.post_order_visit``; traversal goes through
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import tvm
 import tvm_ffi
@@ -38,6 +38,21 @@ def blocks_of(func: tirx.PrimFunc) -> list[SBlock]:
     realizes = collect(func.body, SBlockRealize)
     root = func.body.block if isinstance(func.body, SBlockRealize) else None
     return [r.block for r in realizes if root is None or not r.block.same_as(root)]
+
+
+def root_child_blocks(func) -> Optional[tuple]:
+    """(a Schedule of ``func`` as ``main``, the block RVs right under its root block), or None
+    when ``func`` is not a PrimFunc with a root block."""
+    from tvm.s_tir import Schedule  # pylint: disable=import-outside-toplevel
+    from tvm.s_tir.schedule import ScheduleError  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(func, tirx.PrimFunc):
+        return None
+    sch = Schedule(tvm.IRModule({"main": func}))
+    try:
+        return sch, list(sch.get_child_blocks(sch.get_sblock("root")))
+    except ScheduleError:
+        return None
 
 
 def is_param(func: tirx.PrimFunc, source) -> bool:
