@@ -77,11 +77,14 @@ def _small_kernels(ks, n=1):
 
 
 # tuning on top of a seeded database is the long variant (seeding itself is checked by
-# test_seeded_without_tuning_is_dlight): -m slow
+# test_seeded_without_tuning_is_dlight): -m slow; so is the unfused module (the same tuning
+# path on other kernels, ~9 s), to keep the default run inside CI's budget
+@pytest.mark.parametrize("fusion", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["fused", "unfused"])
 @pytest.mark.parametrize("seeded", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["metaschedule", "seeded"])
-def test_metaschedule(decode, tmp_path, seeded):
-    wl, ks = decode
+def test_metaschedule(fusion, tmp_path, seeded):
+    wl = phi2.build_decode(context=CTX, config="reduced", fusion=fusion)
+    ks = phi2.kernels(wl)
     target = resolve_target("llvm")
     mods = {k.name: pk.normalize(k.func) for k in _small_kernels(ks)}
     db_dir = str(tmp_path / "db")
