@@ -57,10 +57,10 @@ def _form(func) -> Optional[str]:
     if len(loops) != len(kinds):
         return None
     reduce_var, last_spatial = block.iter_vars[-1].var, block.iter_vars[-2].var
-    big = max(block.reads, key=lambda r: _size(r.source))
-    last_index = _last_index(block, big.source)
-    if last_index is None:
+    load = _big_load(block)
+    if load is None:
         return None
+    last_index = load.indices[-1]
     if isinstance(last_index, tirx.Var) and last_index.same_as(reduce_var):
         return "dot" if int(block.iter_vars[-1].dom.extent) % LANES == 0 else None
     if _uses(last_index, last_spatial) and not _uses(last_index, reduce_var):
@@ -75,10 +75,10 @@ def _size(buf) -> int:
     return size
 
 
-def _last_index(block, source):
-    """The last index of ``source`` as the block's body loads it."""
-    found = [load.indices[-1] for load in collect(block.body, TensorLoad) if load.source.same_as(source)]
-    return found[0] if found else None
+def _big_load(block):
+    """The block body's load of its larger operand (module doc), or None."""
+    big = max(block.reads, key=lambda r: _size(r.source))
+    return next((load for load in collect(block.body, TensorLoad) if load.source.same_as(big.source)), None)
 
 
 def _schedule(name: str, func):
@@ -104,8 +104,7 @@ def _in_memory_order(sch, block, loops) -> list:
     """``loops`` (one per spatial iter var, in order) reordered as their vars index the larger
     operand, outermost first; vars it does not use go first."""
     stmt = sch.get(block)
-    big = max(stmt.reads, key=lambda r: _size(r.source))
-    load = next(ld for ld in collect(stmt.body, TensorLoad) if ld.source.same_as(big.source))
+    load = _big_load(stmt)  # found: _form accepted the block
 
     def position(k):
         var = stmt.iter_vars[k].var

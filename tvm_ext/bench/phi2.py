@@ -56,11 +56,10 @@ import tvm_ffi
 from tvm_ext.bench import phi2_measure
 from tvm_ext.bench.dram import cpu_info, llc_bytes
 from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, combine,
-                                        dlight_schedule, is_gpu, kernelsets, log_dir,
+                                        cpu_rule_schedule, dlight_schedule, is_gpu, kernelsets, log_dir,
                                         nbytes, normalize, nvcc_build, runner_seconds,
                                         sampled_schedule, seed_database, verify)
 from tvm_ext.bench.phi2_peers import make_peers
-from tvm_ext.rules import contraction_cpu, row_norm_cpu
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune.database import DB_FILES, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
@@ -87,12 +86,8 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
     dl = {name: dlight_schedule(m, target, build_validator(target)) for name, m in mods.items()}
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
     if "rule" in schedules:
-        rule = _rule_module()
-        scheduled["rule"] = {n: (rule.untuned(m, target) if rule.matches(m["main"])
-                                 else row_norm_cpu.untuned(m, target) if row_norm_cpu.matches(m["main"])
-                                 else contraction_cpu.untuned(m, target) if contraction_cpu.matches(m["main"])
-                                 else scheduled["dlight"][n])
-                             for n, m in mods.items()}
+        ours = {n: cpu_rule_schedule(m, target) for n, m in mods.items()}
+        scheduled["rule"] = {n: scheduled["dlight"][n] if ours[n] is None else ours[n][1] for n in mods}
     dl_secs, dbs = {}, {}
     tuning = not build_only and not from_logs
     tuned = [s for s in ("metaschedule", "seeded") if s in schedules]

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2_kernels import best_schedule, dlight_schedule, measure_bandwidth, normalize
-from tvm_ext.rules import contraction_cpu, row_norm_cpu
+from tvm_ext.bench.phi2_kernels import (best_schedule, cpu_rule_schedule, dlight_schedule, measure_bandwidth,
+                                        normalize)
 
 
 SCHEDULES = ("dlight", "rule", "tuned", "none")
@@ -44,7 +44,8 @@ def schedule(mod, target, how="dlight", database=None):
 
     if how not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
-    rule = dequant_gemv_rule() if how == "rule" else None
+    if how == "rule":
+        dequant_gemv_rule()  # one clear line where this install lacks the rule
     db = tuning_database(database) if how == "tuned" else None
     mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
     used = {}
@@ -55,14 +56,11 @@ def schedule(mod, target, how="dlight", database=None):
             continue
         m = normalize(func)
         best = best_schedule(db, m) if db is not None else None
+        ours = cpu_rule_schedule(m, target) if how == "rule" and best is None else None
         if best is not None:
             sch_mod, used[gv.name_hint] = best, "tuned"
-        elif rule is not None and rule.matches(m["main"]):
-            sch_mod, used[gv.name_hint] = rule.untuned(m, target), "dequant_gemv"
-        elif rule is not None and row_norm_cpu.matches(m["main"]):
-            sch_mod, used[gv.name_hint] = row_norm_cpu.untuned(m, target), "row_norm_cpu"
-        elif rule is not None and contraction_cpu.matches(m["main"]):
-            sch_mod, used[gv.name_hint] = contraction_cpu.untuned(m, target), "contraction_cpu"
+        elif ours is not None:
+            used[gv.name_hint], sch_mod = ours
         else:
             name, sch = dlight_schedule(m, target)
             used[gv.name_hint] = name
