@@ -34,7 +34,8 @@ def schedule(mod, target, how="dlight", database=None):
     """``mod`` with every PrimFunc scheduled: ``"dlight"`` by dlight's CPU rules; ``"rule"``
     by tvm_ext's dequantize-GEMV rule (rules/dequant_gemv), row-normalization schedule
     (rules/row_norm_cpu: LayerNorm) and contraction schedule (rules/contraction_cpu: decode
-    attention) for the kernels they match and dlight for the rest; ``"tuned"`` by the best record of the tuning database ``database``
+    attention) for the kernels they match and dlight for the rest; ``"tuned"`` by the best
+    record of the tuning database ``database``
     (a work dir, read only; default ``DEFAULT_DATABASE``) for the kernels it holds (same
     structural hash) and dlight for the rest; ``"none"`` leaves the kernels as built (LLVM
     compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule

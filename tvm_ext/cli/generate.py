@@ -24,8 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--schedule", default="dlight",
                    help="comma-separated, each a row of the same run (weights built once): dlight "
                         "(default); rule: tvm_ext's CPU schedules (dequantize-GEMV, LayerNorm, attention) "
-                        "for the kernels they match, dlight for the rest; tuned: the best records of --database for the kernels "
-                        "it holds, dlight for the rest; none: unscheduled kernels (quick checks)")
+                        "for the kernels they match, dlight for the rest; tuned: the best records of "
+                        "--database for the kernels it holds, dlight for the rest; none: unscheduled "
+                        "kernels (quick checks)")
     p.add_argument("--database", metavar="DIR", default=None,
                    help="tuning work dir for --schedule tuned (default "
                         "tuning_logs/phi2-decode-llvm-fused/metaschedule)")
