@@ -349,15 +349,20 @@ def has_vnni(target: TargetSpec) -> bool:
     return bool(vnni_kinds(target))
 
 
-def vnni_kinds(target: TargetSpec) -> list[str]:
-    """Which VNNI flavours the target has: subset of ["avx512vnni", "avxvnni"] in that order."""
+def x86_features(target: TargetSpec) -> set[str]:
+    """LLVM CPU features of an llvm x86 target (its mcpu/mattr); empty for any other target."""
     t = resolve_target(target)
     if str(t.kind.name) != "llvm":
-        return []
+        return set()
     triple = str(t.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple()
     if not triple.startswith(("x86_64", "i386", "i686")):
-        return []
-    feats = _llvm_target_features(t)
+        return set()
+    return _llvm_target_features(t)
+
+
+def vnni_kinds(target: TargetSpec) -> list[str]:
+    """Which VNNI flavours the target has: subset of ["avx512vnni", "avxvnni"] in that order."""
+    feats = x86_features(target)
     out = []
     if {"avx512vnni", "avx512f", "avx512bw"} <= feats:
         out.append("avx512vnni")
@@ -368,13 +373,12 @@ def vnni_kinds(target: TargetSpec) -> list[str]:
 
 def has_amx(target: TargetSpec) -> bool:
     """True for llvm x86 targets whose mcpu/mattr give AMX tiles with int8 (amx-tile, amx-int8)."""
-    t = resolve_target(target)
-    if str(t.kind.name) != "llvm":
-        return False
-    triple = str(t.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple()
-    if not triple.startswith(("x86_64", "i386", "i686")):
-        return False
-    return {"amx-tile", "amx-int8"} <= _llvm_target_features(t)
+    return {"amx-tile", "amx-int8"} <= x86_features(target)
+
+
+def has_avx2(target: TargetSpec) -> bool:
+    """True for llvm x86 targets whose mcpu/mattr give AVX2 (the int8-activation q4 GEMV)."""
+    return "avx2" in x86_features(target)
 
 
 def target_to_json(target: TargetSpec) -> dict:

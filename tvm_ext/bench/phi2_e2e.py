@@ -26,7 +26,7 @@ from tvm_ext.bench.phi2_kernels import (best_schedule, cpu_rule_schedule, dlight
                                         normalize)
 
 
-SCHEDULES = ("dlight", "rule", "tuned", "none")
+SCHEDULES = ("dlight", "rule", "tuned", "none", "int8")
 DEFAULT_DATABASE = "tuning_logs/phi2-decode-llvm-fused/metaschedule"
 
 
@@ -34,18 +34,19 @@ def schedule(mod, target, how="dlight", database=None):
     """``mod`` with every PrimFunc scheduled: ``"dlight"`` by dlight's CPU rules; ``"rule"``
     by tvm_ext's dequantize-GEMV rule (rules/dequant_gemv), row-normalization schedule
     (rules/row_norm_cpu: LayerNorm) and contraction schedule (rules/contraction_cpu: decode
-    attention) for the kernels they match and dlight for the rest; ``"tuned"`` by the best
+    attention) for the kernels they match and dlight for the rest (``"int8"``: the same, for a
+    module built with ``compute="int8"``, whose int8 kernels come scheduled); ``"tuned"`` by the best
     record of the tuning database ``database``
     (a work dir, read only; default ``DEFAULT_DATABASE``) for the kernels it holds (same
     structural hash) and dlight for the rest; ``"none"`` leaves the kernels as built (LLVM
     compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule
     name | "dequant_gemv" | "row_norm_cpu" | "contraction_cpu" |
-    "tuned" | "none"}); the in-place KV write is never scheduled."""
+    "tuned" | "none" | "hand-scheduled"}); the in-place KV write is never scheduled."""
     import tvm
 
     if how not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
-    if how == "rule":
+    if how in ("rule", "int8"):
         dequant_gemv_rule()  # one clear line where this install lacks the rule
     db = tuning_database(database) if how == "tuned" else None
     mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
@@ -55,9 +56,12 @@ def schedule(mod, target, how="dlight", database=None):
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint == "kv_write":
             continue
+        if func.attrs is not None and "tir.is_scheduled" in func.attrs:
+            used[gv.name_hint] = "hand-scheduled"
+            continue
         m = normalize(func)
         best = best_schedule(db, m) if db is not None else None
-        ours = cpu_rule_schedule(m, target) if how == "rule" and best is None else None
+        ours = cpu_rule_schedule(m, target) if how in ("rule", "int8") and best is None else None
         if best is not None:
             sch_mod, used[gv.name_hint] = best, "tuned"
         elif ours is not None:
@@ -136,10 +140,15 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     for how in schedules:  # one clear line before minutes of work
         if how not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
-        if how == "rule":
+        if how in ("rule", "int8"):
             dequant_gemv_rule()
         if how == "tuned":
             tuning_database(database)
+        if how == "int8":
+            from tvm_ext.targets import resolve_target
+            from tvm_ext.workloads.q4_int8 import check_target
+
+            check_target(resolve_target(target))
     _set_threads(threads)
     import tvm
 
@@ -157,9 +166,12 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     weight_bytes = model.weight_bytes()
     kv_bytes = float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
     host = describe_host()
-    rows, weights = [], None
+    rows, weights, int8_model = [], None, None
     for how in schedules:
-        dec = decoder(model, target, how, dev=dev, log=log, database=database, share=weights)
+        if how == "int8" and int8_model is None:  # same weights and parameters, int8 projections
+            int8_model = pm.build_model(config, layers, capacity=context + tokens, seed=seed, compute="int8")
+        dec = decoder(int8_model if how == "int8" else model, target, how, dev=dev, log=log, database=database,
+                      share=weights)
         weights = weights or dec
         rows.append(dict(schedule=how, **_timed_decode(dec, tokens, context, seed, log)))
         del dec
@@ -176,7 +188,28 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
     }
     rows = [dict(common, **r) for r in rows]
+    _compare_int8(rows)
+    for r in rows:
+        r.pop("first_logits")
     return rows
+
+
+def _compare_int8(rows):
+    """On each int8 row, how its decode differs from the float rows' of the same run:
+    ``vs_float`` {schedule: {"same_tokens": fraction of generated ids equal, "max_abs_logit_err":
+    at the first step, "max_abs_logit": the float row's}}."""
+    for r in rows:
+        if r["schedule"] != "int8":
+            continue
+        r["vs_float"] = {}
+        for f in rows:
+            if f["schedule"] in ("int8", "none"):
+                continue
+            same = np.mean([a == b for a, b in zip(r["generated"], f["generated"])])
+            r["vs_float"][f["schedule"]] = {
+                "same_tokens": float(same),
+                "max_abs_logit_err": float(np.max(np.abs(r["first_logits"] - f["first_logits"]))),
+                "max_abs_logit": float(np.max(np.abs(f["first_logits"])))}
 
 
 def _timed_decode(dec, tokens, context, seed, log):
@@ -190,14 +223,15 @@ def _timed_decode(dec, tokens, context, seed, log):
         spent = time.perf_counter() - t0
         log(f"token {done}/{tokens}: {done / spent:.2f} tok/s, ETA {spent / done * (tokens - done):.0f} s")
 
-    ids, _ = dec.generate([first], tokens, start=context, on_token=progress)
+    ids, logits = dec.generate([first], tokens, start=context, on_token=progress)
     seconds = time.perf_counter() - t0
     times = dec.kernel_times(ids[-2] if tokens > 1 else first, context + tokens - 1)
     total = sum(times.values()) or 1.0
     labels = kernel_labels(dec.model.mod)
     kernels = sorted(({"name": n, "label": labels.get(n, n), "share": t / total} for n, t in times.items()),
                      key=lambda k: -k["share"])
-    return {"tok_s": tokens / seconds, "kernels": kernels, "rules": dec.rules, "generated": ids}
+    return {"tok_s": tokens / seconds, "kernels": kernels, "rules": dec.rules, "generated": ids,
+            "first_logits": logits[0]}
 
 
 def kernel_labels(mod) -> dict:

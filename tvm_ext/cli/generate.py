@@ -26,7 +26,10 @@ def add_parser(sub) -> None:
                         "(default); rule: tvm_ext's CPU schedules (dequantize-GEMV, LayerNorm, attention) "
                         "for the kernels they match, dlight for the rest; tuned: the best records of "
                         "--database for the kernels it holds, dlight for the rest; none: unscheduled "
-                        "kernels (quick checks)")
+                        "kernels (quick checks); int8: as rule, but the projections quantize their "
+                        "activations per group of 32 to int8 (integer dot products, AVX2; as ONNX "
+                        "Runtime's accuracy_level 4): different numbers, so the row reports its "
+                        "tokens and first-step logits against the float rows'")
     p.add_argument("--database", metavar="DIR", default=None,
                    help="tuning work dir for --schedule tuned (default "
                         "tuning_logs/phi2-decode-llvm-fused/metaschedule)")
@@ -78,6 +81,11 @@ def format_table(rows, top: int = 6) -> str:
         ["bound tokens/s"] + [f"{r['bound_tok_s']:.2f}" for r in rows],
         ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows]])
     lines = [head, table]
+    for r in rows:
+        for other, cmp in r.get("vs_float", {}).items():
+            lines.append(f"{r['schedule']} vs {other}: {100 * cmp['same_tokens']:.0f}% same tokens, first-step "
+                         f"logits differ by up to {cmp['max_abs_logit_err']:.3g} (|logits| up to "
+                         f"{cmp['max_abs_logit']:.3g})")
     for r in rows:
         kernels = [[k["label"], k["name"] if k["name"] != k["label"] else "", f"{100 * k['share']:.1f}"]
                    for k in r["kernels"][:top]]

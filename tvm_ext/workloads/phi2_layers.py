@@ -190,6 +190,70 @@ def linear(bb, x, wt, dtype):
     return bb.emit(relax.op.add(y, _arg(bias, dtype)))
 
 
+COMPUTES = ("float", "int8")
+
+
+def projector(bb, dtype, compute="float"):
+    """``proj(x, weight triple, gelu=False) -> x @ W + bias`` (gelu_tanh applied after when
+    ``gelu``).  ``compute="float"``: ``linear`` (dequantize, matmul, add; fused later).
+    ``compute="int8"``: activations quantized per group to int8 (once per distinct ``x``) and
+    the hand-scheduled int8 GEMV of ``tvm_ext.workloads.q4_int8`` (AVX2; one token, float32)."""
+    from tvm import relax
+
+    if compute not in COMPUTES:
+        raise ValueError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}")
+    if compute == "float":
+        def proj(x, wt, gelu=False):
+            y = linear(bb, x, wt, dtype)
+            return bb.emit(relax.op.nn.gelu_tanh(y)) if gelu else y
+        return proj
+    if dtype != "float32":
+        raise ValueError(f"compute int8 computes in float32, not {dtype}")
+    seen = []  # (x, its quantized activations)
+
+    def proj(x, wt, gelu=False):
+        q = next((q for v, q in seen if v.same_as(x)), None)
+        if q is None:
+            q = _quantize_int8(bb, x)
+            seen.append((x, q))
+        return _linear_int8(bb, q, wt, "bias_gelu" if gelu else "bias")
+    return proj
+
+
+def _shape(a) -> list:
+    return [int(v) for v in (a.shape if isinstance(a, np.ndarray) else a.ty.shape.values)]
+
+
+def _quantize_int8(bb, x):
+    """(xq, corr, x_scale) Relax vars of the one-token activation ``x`` (1, 1, K)."""
+    from tvm import relax
+
+    from .q4_int8 import quantize_activations
+
+    _, n, k = _shape(x)
+    if n != 1:
+        raise ValueError(f"compute int8 is for decode (one token), not {n} tokens")
+    gv = bb.add_func(quantize_activations(k), f"quantize_int8_{k}")
+    out = bb.emit(relax.call_tir(gv, [x], out_ty=[relax.TensorType((k,), "int8"),
+                                                     relax.TensorType((k // 8,), "int32"),
+                                                     relax.TensorType((k // 8,), "float32")]))
+    return [bb.emit(relax.TupleGetItem(out, i)) for i in range(3)]
+
+
+def _linear_int8(bb, q, wt, epilogue):
+    """``y = x @ W + bias`` (then gelu for ``epilogue="bias_gelu"``) from quantized activations."""
+    from tvm import relax
+
+    from .q4_int8 import q4_int8_gemv
+
+    packed, scale, bias = wt
+    n, kw = _shape(packed)
+    sdt = str(scale.dtype) if isinstance(scale, np.ndarray) else str(scale.ty.dtype)
+    gv = bb.add_func(q4_int8_gemv(n, kw * 8, sdt, epilogue), f"q4_int8_gemv_{kw * 8}x{n}_{epilogue}")
+    return bb.emit(relax.call_tir(gv, [*q, _arg(packed), _arg(scale), _arg(bias, "float32")],
+                                  out_ty=relax.TensorType((1, 1, n), "float32")))
+
+
 def attention(bb, q, k, v, head_dim, dtype, mask_past=None):
     """softmax(q k^T / sqrt(head_dim)) v, with the causal mask ``j > i + mask_past`` unless
     ``mask_past`` is None; (1, n, heads * head_dim)."""
@@ -211,28 +275,29 @@ def emit_rope_qkv(bb, cfg, qkv, past, dtype):
     return q, k, v
 
 
-def emit_layer(bb, cfg, w, x, dtype, attend):
+def emit_layer(bb, cfg, w, x, dtype, attend, compute="float"):
     """One parallel attention + MLP decoder layer on ``x``; ``attend(qkv) -> (1, n, hidden)``
-    is the attention branch after the qkv projection (rotary, cache, softmax)."""
+    is the attention branch after the qkv projection (rotary, cache, softmax); ``compute``:
+    the projections' arithmetic (``projector``)."""
     from tvm import relax
 
+    proj = projector(bb, dtype, compute)
     ln = bb.emit(relax.op.nn.layer_norm(x, _arg(w["ln_g"], dtype), _arg(w["ln_b"], dtype), axes=[-1], epsilon=EPS))
-    a = attend(linear(bb, ln, w["qkv"], dtype))
-    attn = linear(bb, a, w["dense"], dtype)
+    a = attend(proj(ln, w["qkv"]))
+    attn = proj(a, w["dense"])
     # MLP branch, from the same LayerNorm output
-    h1 = bb.emit(relax.op.nn.gelu_tanh(linear(bb, ln, w["fc1"], dtype)))
-    mlp = linear(bb, h1, w["fc2"], dtype)
+    mlp = proj(proj(ln, w["fc1"], gelu=True), w["fc2"])
     return bb.emit(relax.op.add(bb.emit(relax.op.add(attn, mlp)), x))
 
 
-def emit_head(bb, cfg, w, h, n, dtype):
+def emit_head(bb, cfg, w, h, n, dtype, compute="float"):
     """Final LayerNorm of the last token and lm_head: (1, 1, vocab) logits."""
     from tvm import relax
 
     if n > 1:
         h = bb.emit(relax.op.strided_slice(h, axes=[1], begin=[n - 1], end=[n]))
     ln = bb.emit(relax.op.nn.layer_norm(h, _arg(w["lnf_g"], dtype), _arg(w["lnf_b"], dtype), axes=[-1], epsilon=EPS))
-    return linear(bb, ln, w["lm_head"], dtype)
+    return projector(bb, dtype, compute)(ln, w["lm_head"])
 
 
 # --------------------------------------------------------------------------- reference

@@ -47,6 +47,7 @@ class Phi2Model:
     capacity: int  # KV cache positions
     seed: int
     mod: object  # lowered (fused) Relax module with embed / layer / head, unscheduled
+    compute: str = "float"  # the projections' arithmetic (phi2_layers.projector)
 
     def layer_weights(self, i):
         """NumPy weights of layer ``i`` (regenerated on each call)."""
@@ -84,13 +85,15 @@ def check_config(config, layers, capacity):
                          f"Phi-2's window is {MAX_POSITIONS}")
 
 
-def build_model(config="full", layers=None, capacity=512, seed=0) -> Phi2Model:
-    """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe."""
+def build_model(config="full", layers=None, capacity=512, seed=0, compute="float") -> Phi2Model:
+    """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe.
+    ``compute="int8"``: the projections quantize their activations to int8 (same weights and
+    parameters; ``phi2_layers.projector``)."""
     layers = DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)
     cfg = CONFIGS[config]
-    mod, _ = lower(_build_module(cfg, int(capacity)), fusion=True)
-    return Phi2Model(config, cfg, layers, int(capacity), int(seed), mod)
+    mod, _ = lower(_build_module(cfg, int(capacity), compute), fusion=True)
+    return Phi2Model(config, cfg, layers, int(capacity), int(seed), mod, compute)
 
 
 # --------------------------------------------------------------------------- Relax module
@@ -133,7 +136,7 @@ def _weight_vars(cfg, names):
     return out
 
 
-def _build_module(cfg, capacity):
+def _build_module(cfg, capacity, compute="float"):
     from tvm import relax
 
     d, hh, hd = cfg["hidden"], cfg["heads"], cfg["head_dim"]
@@ -162,7 +165,7 @@ def _build_module(cfg, capacity):
                     caches.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
                 return attention(bb, q, caches[0], caches[1], hd, DTYPE, mask_past=pos)
 
-            h = emit_layer(bb, cfg, w, x, DTYPE, attend)
+            h = emit_layer(bb, cfg, w, x, DTYPE, attend, compute)
             out = bb.emit_output(relax.Tuple([h, *caches]))
         bb.emit_func_output(out)
 
@@ -170,7 +173,7 @@ def _build_module(cfg, capacity):
     head_w = _weight_vars(cfg, ("lnf_g", "lnf_b", "lm_head"))
     with bb.function("head", [h, *_flat(head_w, ("lnf_g", "lnf_b", "lm_head"))]):
         with bb.dataflow():
-            out = bb.emit_output(emit_head(bb, cfg, head_w, h, 1, DTYPE))
+            out = bb.emit_output(emit_head(bb, cfg, head_w, h, 1, DTYPE, compute))
         bb.emit_func_output(out)
     return bb.get()
 
