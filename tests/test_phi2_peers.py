@@ -135,6 +135,29 @@ def test_ort_peer_on_our_weights_matches_numpy(fused):
     assert checked == set(pp.PROJECTIONS)
 
 
+@pytest.mark.skipif(not __import__("tvm_ext.targets").targets.has_avx2("llvm"), reason="no AVX2 here")
+def test_int8_projection_on_our_weights(fused):
+    """The bench's int8-activation projection (quantize + int8 GEMV, bias epilogue) on the weight
+    arrays of each fused projection kernel gives q4_int8.reference_np's result, from copy 0."""
+    from tvm_ext.bench.phi2_int8 import Int8Projection
+    from tvm_ext.workloads.q4_int8 import reference_np
+
+    ks, positions = fused
+    rng = np.random.default_rng(2)
+    for k in ks.kernels:
+        proj = pp.projection_of(k.name, k.func, k.part, CFG, positions[k.name])
+        if proj is None:
+            continue
+        base = pk.random_args(k.func, rng)
+        weights = pp.q4_weights([base[i] for i in positions[k.name]])
+        x = rng.uniform(-1, 1, weights[0].shape[1] * 8).astype("float32")
+        p = Int8Projection(proj, weights, 2**20, "llvm", __import__("tvm").cpu(), x)
+        assert p.copies * p.bytes >= 2 * 2**20 and p.copies > 1 and p.name == "rule-int8"
+        want = reference_np(x, *weights)
+        np.testing.assert_allclose(p.output(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        assert p.seconds(1) > 0
+
+
 def test_matmulnbits_layout():
     """Our word w holds K elements 8w..8w+7, low nibble first; ORT's byte b of block g holds
     elements 32g+2b (low) and 32g+2b+1 (high); zero point 7 in both nibbles."""
@@ -158,6 +181,11 @@ def test_parse_peers():
 def test_peers_only_for_decode_on_llvm():
     with pytest.raises(ValueError, match="--peers is for phi2-decode"):
         phi2_bench.run("phi2-prefill", peers=["ort"], config="reduced", out_json="")
+
+
+def test_int8_only_for_decode_on_llvm():
+    with pytest.raises(ValueError, match="--int8 is for phi2-decode"):
+        phi2_bench.run("phi2-prefill", int8=True, config="reduced", out_json="")
 
 
 def test_unknown_schedule_is_refused():
@@ -274,7 +302,7 @@ def test_cli_reduced_run_with_ort_peers(tmp_path, capsys):
 
     out = tmp_path / "bench.json"
     rc = main(["bench", "phi2-decode", "--config", "reduced", "--trials", "0", "--schedules", "dlight",
-               "--peers", "ort", "--rounds", "1", "--logs-dir", str(tmp_path), "--out", str(out)])
+               "--peers", "ort", "--int8", "--rounds", "1", "--logs-dir", str(tmp_path), "--out", str(out)])
     assert rc == 0 and os.path.exists(out)
     res = json.loads(out.read_text())
     assert res["llc_bytes"] > 0 and res["device"]["name"] and res["schedules"] == ["dlight"]
@@ -287,4 +315,8 @@ def test_cli_reduced_run_with_ort_peers(tmp_path, capsys):
     for r in res["rows"]:
         assert sorted(k["projection"] for k in r["kernels"] if "projection" in k) == sorted(pp.PROJECTIONS)
     assert all(res["weight_copies"][k["name"]] == k["copies"] for r in res["rows"] for k in r["kernels"])
+    assert sorted(r["projection"] for r in res["int8"]) == sorted(pp.PROJECTIONS)
+    for r in res["int8"]:  # a different computation, with its error against the float reference
+        assert r["schedule"] == "rule-int8" and r["bound_ms"] > 0 and 0 < r["max_abs_err"] < 0.05 * r["max_abs_ref"]
+        assert "vs_ort_acc4" in res["targets"]["projections"][r["projection"]]["int8"]
     assert "per projection" in capsys.readouterr().out

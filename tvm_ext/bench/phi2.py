@@ -19,6 +19,8 @@ out_json    where to write the JSON (default tuning_logs/bench-<workload>-<targe
 threads     TVM (and peer) thread-pool size (default: all cores TVM sees).
 peers       ["ort", "torch"]: per projection, ORT MatMulNBits at accuracy_level 0 and 4 and
             torch bf16/fp32 linear on the same weights (``tvm_ext.bench.phi2_peers``).
+int8        also time tvm_ext's int8-activation projections (``phi2_int8``; phi2-decode on an
+            AVX2 CPU): a different computation, with its error against the float reference.
 schedules   which of SCHEDULES (+ "rule" where rules/dequant_gemv.py exists) to run; dlight
             always runs (every other schedule is checked against it).
 
@@ -37,6 +39,8 @@ The returned dict (= the JSON) is
                                          "ms_cache_hot", "projection", ...}]}],
  "peers": [{"peer": "ort-acc0"|"ort-acc4"|"torch-bf16"|"torch-fp32", "projection", "ms",
             "bound_ms", "copies", "max_abs_err"}],
+ "int8": [{"schedule": "rule-int8", "projection", "ms", "bound_ms", "copies", "max_abs_err",
+           "max_abs_ref"}] (with ``int8``),
  "fusion_losses": [...], "targets": {...}}
 Kernel "ms" and "bound_ms" are per layer (per call x calls); "ms" is the DRAM figure
 (see ``phi2_measure``), "ms_cache_hot" the labelled cache-hot one; "bound_ms" = bytes the
@@ -176,7 +180,7 @@ def available_schedules(gpu: bool = False) -> tuple:
 
 def run(workload, target="llvm", trials=None, from_logs=False, build_only=False, out_json=None,
         threads=None, log=print, config="full", context=512, tokens=128, tuning_dir="tuning_logs",
-        rounds=5, repeat=3, peers=None, schedules=None):
+        rounds=5, repeat=3, peers=None, schedules=None, int8=False):
     """Run the bench (see the module docstring).  Returns the result dict."""
     if threads:
         os.environ["TVM_NUM_THREADS"] = str(threads)
@@ -191,6 +195,12 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     schedules = _check_schedules(schedules, gpu)
     if peers and (gpu or workload != "phi2-decode"):
         raise ValueError("--peers is for phi2-decode on llvm (the decode projections on the CPU)")
+    if int8:
+        if gpu or workload != "phi2-decode":
+            raise ValueError("--int8 is for phi2-decode on llvm (the decode projections on the CPU)")
+        from tvm_ext.workloads.q4_int8 import check_target
+
+        check_target(target)
     if build_only and gpu:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     kind = workload.replace("phi2-", "")
@@ -218,8 +228,14 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     verified = _verify(wls, kss, sched, target, dev, log, schedules)
     cfg = wls[False]._phi2["cfg"]
     fns, args, proj, q4 = phi2_measure.prepare(kss, sched, schedules, target, dev, rng, llc, cfg, log)
-    peer_objs = make_peers(peers or [], q4, llc, threads,
-                           lambda k: rng.uniform(-1, 1, k).astype("float32"), log)
+    xs = {}  # one activation row per K: the peers and the int8 projections see the same inputs
+    x_of = lambda k: xs.setdefault(k, rng.uniform(-1, 1, k).astype("float32"))  # noqa: E731
+    peer_objs = make_peers(peers or [], q4, llc, threads, x_of, log)
+    n_peers = len(peer_objs)
+    if int8:
+        from tvm_ext.bench.phi2_int8 import make_int8
+
+        peer_objs += make_int8(q4, llc, target, dev, x_of)
     peer_err = phi2_measure.check_peers(peer_objs, log)
     sec, hot, peer_s, bandwidth, bw_np = phi2_measure.measure(fns, args, peer_objs, dev, rounds, repeat, log)
     beat = {fusion: _trials_to_beat(dbs[fusion], kss[fusion], dl_secs[fusion],
@@ -234,6 +250,8 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     peer_rows = [dict({"peer": p.name, "projection": p.projection, "ms": t * 1e3,
                        "bound_ms": p.bytes / bandwidth / 1e6, "copies": p.copies}, **peer_err.get(i, {}))
                  for i, (p, t) in enumerate(zip(peer_objs, peer_s))]
+    int8_rows = [dict({"schedule": r.pop("peer")}, **r) for r in peer_rows[n_peers:]]
+    peer_rows = peer_rows[:n_peers]
 
     result = {
         "workload": workload, "target": str(target), "device": cpu_info() if not gpu else {"name": str(dev)},
@@ -243,8 +261,10 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         "compute_dtype": dtype, "config": config, "trials_per_kernel": trials, "schedules": list(schedules),
         "context": context if kind == "decode" else None, "tokens": ntok, "rows": rows, "peers": peer_rows,
     }
+    if int8:
+        result["int8"] = int8_rows
     result["fusion_losses"] = _fusion_losses(rows, schedules)
-    result["targets"] = _targets(rows, peer_rows, schedules)
+    result["targets"] = _targets(rows, peer_rows, schedules, result.get("int8", ()))
     if out_json is None:
         out_json = os.path.join(tuning_dir, f"bench-{workload}-{target.kind.name}.json")
     if out_json:
@@ -394,7 +414,7 @@ def projection_table(rows, peers) -> dict:
     return out
 
 
-def _targets(rows, peers=(), schedules=SCHEDULES):
+def _targets(rows, peers=(), schedules=SCHEDULES, int8=()):
     fused = [r for r in rows if r["fusion"] == "on"]
     best = min(fused, key=lambda r: r["layer_ms"])
     t = {"best_fused": best["schedule"], "best_fused_vs_bound": best["layer_ms"] / best["bound_layer_ms"]}
@@ -421,4 +441,10 @@ def _targets(rows, peers=(), schedules=SCHEDULES):
         ort = p["peers"].get("ort-acc0")
         t["projections"][proj] = {"best": name, "ms": fused_ms[name], "vs_bound": fused_ms[name] / p["bound_ms"],
                                   "vs_ort_acc0": fused_ms[name] / ort if ort else None}
+        # the int8-activation variant against its own bound and ORT's int8 level (accuracy_level 4)
+        for r in int8:
+            if r["projection"] == proj:
+                acc4 = p["peers"].get("ort-acc4")
+                t["projections"][proj]["int8"] = {"ms": r["ms"], "vs_bound": r["ms"] / r["bound_ms"],
+                                                  "vs_ort_acc4": r["ms"] / acc4 if acc4 else None}
     return t

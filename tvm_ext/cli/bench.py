@@ -32,6 +32,11 @@ def add_parser(sub) -> None:
                         "schedules. phi2-decode: 'ort[,torch]' "
                         "times ORT MatMulNBits (accuracy_level 0 and 4) and torch bf16/fp32 linear "
                         "on every projection, same q4 weights, same DRAM cycling")
+    p.add_argument("--int8", action="store_true",
+                   help="phi2-decode on an AVX2 CPU: also time tvm_ext's int8-activation projections "
+                        "(activations quantized per group of 32, integer dot products: a different "
+                        "computation, as ORT's accuracy_level 4; its error against the float reference "
+                        "is reported) on the same weights, in the same rounds")
     p.add_argument("--schedules", default=None,
                    help="phi2: comma-separated schedules to run (default all: dlight,metaschedule,seeded,rule); "
                         "dlight always runs")
@@ -68,12 +73,14 @@ def run(args) -> int:
         schedules = args.schedules.split(",") if args.schedules else None
         result = phi2_bench.run(args.workload, target=target, trials=args.trials,
                                 from_logs=args.from_logs, build_only=args.build_only, out_json=out,
-                                log=log, config=args.config, peers=peers, schedules=schedules,
+                                log=log, config=args.config, peers=peers, schedules=schedules, int8=args.int8,
                                 **({} if args.rounds is None else {"rounds": args.rounds}))
         from tvm_ext.cli.phi2_table import format_table
 
         print(format_table(result) if not args.build_only else result)
         return 0
+    if args.int8:
+        raise ValueError("--int8 is for phi2-decode (the decode projections on the CPU)")
     from tvm_ext.bench import int8 as bench_int8
 
     from tvm_ext.bench.peers import parse_peers

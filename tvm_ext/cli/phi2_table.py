@@ -67,8 +67,12 @@ def format_table(res: dict) -> str:
                  f"seeded worst kernel/dlight = {_f(t['seeded_worst_kernel_vs_dlight'], '.2f')} (<=1); "
                  f"torch-bf16/best fused = {_f(t['torch_bf16_over_best_fused'], '.2f')} (>=3)")
     for proj, p in t.get("projections", {}).items():
-        lines.append(f"  {proj}: best {p['best']} = {p['vs_bound']:.2f}x bound (<=1.5), "
-                     f"{_f(p['vs_ort_acc0'], '.2f')}x ort-acc0 (<=1.0)")
+        line = (f"  {proj}: best {p['best']} = {p['vs_bound']:.2f}x bound (<=1.5), "
+                f"{_f(p['vs_ort_acc0'], '.2f')}x ort-acc0 (<=1.0)")
+        if "int8" in p:
+            line += (f"; rule-int8 = {p['int8']['vs_bound']:.2f}x bound (<=1.5), "
+                     f"{_f(p['int8']['vs_ort_acc4'], '.2f')}x ort-acc4 (<=1.0)")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -80,14 +84,15 @@ def _projection_lines(res: dict) -> list:
     bounds = {(p["peer"], p["projection"]): p["bound_ms"] for p in res.get("peers", [])}
     body = []
     for proj, p in table.items():
-        ort = p["peers"].get("ort-acc0")
+        ort, acc4 = p["peers"].get("ort-acc0"), p["peers"].get("ort-acc4")
         entries = [(name, ms, p["bound_ms"]) for name, ms in p["tvm"].items()]
+        entries += [(r["schedule"], r["ms"], r["bound_ms"]) for r in res.get("int8", []) if r["projection"] == proj]
         entries += [(peer, ms, bounds.get((peer, proj))) for peer, ms in p["peers"].items()]
         if body:
             body.append(None)
         for name, ms, bound in entries:
             body.append([proj, name, f"{ms:.3f}", _f(bound, ".3f"), _f(ms / bound if bound else None, ".2f"),
-                         _f(ms / ort if ort else None, ".2f")])
+                         _f(ms / ort if ort else None, ".2f"), _f(ms / acc4 if acc4 else None, ".2f")])
     return ["per projection (ms per call, DRAM; bound = the fused q4 kernel's bytes / bandwidth, also for the "
             "unfused matmul, which reads float weights; a peer's bound counts its own bytes, fp32 scales):",
-            render(["proj", "source", "ms", "bound", "x bound", "/ort-acc0"], body, "<<>>>>"), ""]
+            render(["proj", "source", "ms", "bound", "x bound", "/ort-acc0", "/ort-acc4"], body, "<<>>>>>"), ""]
