@@ -266,11 +266,12 @@ def _given_result():
     rows = phi2_bench._rows(kss, sec, 10.0, rules, beat, verified, 1, schedules, extra)
     peers = [{"peer": f"ort-acc{a}", "projection": p, "ms": 0.05 * (1 + a), "bound_ms": 0.01, "copies": 4}
              for p in pp.PROJECTIONS for a in (0, 4)]
+    int8 = [{"schedule": "rule-int8", "projection": p, "ms": 0.2, "bound_ms": 0.1, "copies": 4} for p in pp.PROJECTIONS]
     return {"workload": "phi2-decode", "target": "llvm", "device": dram.cpu_info(), "threads": 2,
             "llc_bytes": 2**25, "bandwidth_gbs": 10.0, "compute_dtype": "float32", "trials_per_kernel": 0,
-            "schedules": list(schedules), "rows": rows, "peers": peers,
+            "schedules": list(schedules), "rows": rows, "peers": peers, "int8": int8,
             "fusion_losses": phi2_bench._fusion_losses(rows, schedules),
-            "targets": phi2_bench._targets(rows, peers, schedules)}
+            "targets": phi2_bench._targets(rows, peers, schedules, int8)}
 
 
 def test_json_fields_and_projection_table():
@@ -287,12 +288,15 @@ def test_json_fields_and_projection_table():
     qkv = next(k for k in fused["kernels"] if k.get("projection") == "qkv")
     assert t["qkv"]["vs_ort_acc0"] == pytest.approx(qkv["ms"] / 0.05)
     assert t["qkv"]["vs_bound"] == pytest.approx(qkv["ms"] / qkv["bound_ms"])
+    assert t["qkv"]["int8"] == {"ms": 0.2, "vs_bound": pytest.approx(2.0), "vs_ort_acc4": pytest.approx(0.8)}
     assert res["targets"]["ms_over_dlight_fused"] is None  # no metaschedule row in this run
     text = format_table(res)
-    assert "per projection" in text
+    assert "per projection" in text and "rule-int8 = 2.00x bound" in text
     lines = [line.split() for line in text.splitlines()]
-    ort4 = [c for c in lines if len(c) == 6 and c[1] == "ort-acc4"]
-    assert len(ort4) == 5 and all(c[-1] == "5.00" for c in ort4)  # ratio vs ort-acc0
+    ort4 = [c for c in lines if len(c) == 7 and c[1] == "ort-acc4"]
+    assert len(ort4) == 5 and all(c[-2:] == ["5.00", "1.00"] for c in ort4)  # ratio vs ort-acc0, ort-acc4
+    int8 = [c for c in lines if len(c) == 7 and c[1] == "rule-int8"]
+    assert len(int8) == 5 and all(c[-3:] == ["2.00", "4.00", "0.80"] for c in int8)
 
 
 @pytest.mark.slow  # a whole reduced bench through the CLI: builds every kernel (~2-4 min on 2 cores)
