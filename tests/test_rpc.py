@@ -33,6 +33,7 @@ def tracker():
         yield local.tracker_port
 
 
+@pytest.mark.slow  # ~20 s on 2 cores (a tracker, a server and a tuning run); CI time is short
 def test_tune_through_rpc_tracker(tracker, tmp_path):
     work_dir = str(tmp_path / "rpc")
     proc = subprocess.run([sys.executable, "-m", "tvm_ext", "tune", "conv2d-int8", "--image", "8",

@@ -140,6 +140,7 @@ def test_vnni_space_tensorizes_and_assembles_to_vpdpbusd(vnni_tasks, kind):
         assert "vpdpbusd" in asm and "zmm" in asm
 
 
+@pytest.mark.slow  # ~10 s: tunes every packed task kind; test_untuned_exact checks the network by default
 def test_host_plain_rules_schedule_exact(packed, tmp_path):
     """On the host (an AMD znver3 without VNNI where this was written) the plugin's rule
     set has no VNNI rule; candidates of its plain rules for each kind of task, applied
