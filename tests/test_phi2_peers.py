@@ -158,6 +158,14 @@ def test_int8_projection_on_our_weights(fused):
         assert p.seconds(1) > 0
 
 
+@pytest.mark.parametrize("bias_dtype", ["float32", "float16"])  # CPU kernels compute in fp32, GPU ones in fp16
+def test_q4_weights_found_by_dtype_and_rank(bias_dtype):
+    packed, scale = np.zeros((8, 4), np.uint32), np.zeros((8, 1), np.float16)
+    bias, x = np.zeros(8, bias_dtype), np.zeros((1, 1, 32), bias_dtype)
+    got = pp.q4_weights([x, scale, packed, bias])
+    assert got[0] is packed and got[1] is scale and got[2] is bias
+
+
 def test_matmulnbits_layout():
     """Our word w holds K elements 8w..8w+7, low nibble first; ORT's byte b of block g holds
     elements 32g+2b (low) and 32g+2b+1 (high); zero point 7 in both nibbles."""
@@ -297,6 +305,10 @@ def test_json_fields_and_projection_table():
     assert len(ort4) == 5 and all(c[-2:] == ["5.00", "1.00"] for c in ort4)  # ratio vs ort-acc0, ort-acc4
     int8 = [c for c in lines if len(c) == 7 and c[1] == "rule-int8"]
     assert len(int8) == 5 and all(c[-3:] == ["2.00", "4.00", "0.80"] for c in int8)
+    # without --peers (a GPU run, say) the targets name no ORT ratio rather than "None"
+    alone = dict(res, peers=[], int8=[], targets=phi2_bench._targets(res["rows"], [], res["schedules"]))
+    text = format_table(alone)
+    assert "None" not in text.split("targets:")[1].split("\n", 1)[1] and "x bound (<=1.5)" in text
 
 
 @pytest.mark.slow  # a whole reduced bench through the CLI: builds every kernel (~2-4 min on 2 cores)

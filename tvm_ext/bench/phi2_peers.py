@@ -67,10 +67,10 @@ def projection_of(name: str, func, part: str, cfg: dict, weight_positions) -> st
 
 def q4_weights(arrays) -> tuple:
     """(packed uint32 [N, K/8], scale [N, K/32], bias [N]) among a fused projection kernel's
-    weight arrays, found by dtype and rank."""
+    weight arrays, found by dtype and rank (the bias is float32 on CPU, float16 on GPUs)."""
     packed = next(a for a in arrays if a.dtype == np.uint32)
-    scale = next(a for a in arrays if a.dtype == np.float16)
-    bias = next(a for a in arrays if a.ndim == 1 and a.dtype == np.float32)
+    scale = next(a for a in arrays if a.ndim == 2 and a.dtype == np.float16)
+    bias = next(a for a in arrays if a.ndim == 1 and a.dtype.kind == "f")
     return packed, scale, bias
 
 

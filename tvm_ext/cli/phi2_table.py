@@ -67,11 +67,13 @@ def format_table(res: dict) -> str:
                  f"seeded worst kernel/dlight = {_f(t['seeded_worst_kernel_vs_dlight'], '.2f')} (<=1); "
                  f"torch-bf16/best fused = {_f(t['torch_bf16_over_best_fused'], '.2f')} (>=3)")
     for proj, p in t.get("projections", {}).items():
-        line = (f"  {proj}: best {p['best']} = {p['vs_bound']:.2f}x bound (<=1.5), "
-                f"{_f(p['vs_ort_acc0'], '.2f')}x ort-acc0 (<=1.0)")
+        line = f"  {proj}: best {p['best']} = {p['vs_bound']:.2f}x bound (<=1.5)"
+        if p["vs_ort_acc0"] is not None:  # ORT only with --peers ort
+            line += f", {p['vs_ort_acc0']:.2f}x ort-acc0 (<=1.0)"
         if "int8" in p:
-            line += (f"; rule-int8 = {p['int8']['vs_bound']:.2f}x bound (<=1.5), "
-                     f"{_f(p['int8']['vs_ort_acc4'], '.2f')}x ort-acc4 (<=1.0)")
+            line += f"; rule-int8 = {p['int8']['vs_bound']:.2f}x bound (<=1.5)"
+            if p["int8"]["vs_ort_acc4"] is not None:
+                line += f", {p['int8']['vs_ort_acc4']:.2f}x ort-acc4 (<=1.0)"
         lines.append(line)
     return "\n".join(lines)
 
