@@ -61,7 +61,7 @@ from tvm_ext.bench import phi2_measure
 from tvm_ext.bench.dram import cpu_info, llc_bytes
 from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, combine,
                                         cpu_rule_schedule, dlight_schedule, is_gpu, kernelsets, log_dir,
-                                        nbytes, normalize, nvcc_build, runner_seconds,
+                                        nbytes, normalize, nvcc_build, rule_module, runner_seconds,
                                         sampled_schedule, seed_database, verify)
 from tvm_ext.bench.phi2_peers import make_peers
 from tvm_ext.targets import resolve_target
@@ -162,20 +162,12 @@ def _trials_to_beat(dbs, ks, dl_secs, measured):
 
 
 # --------------------------------------------------------------------------- main
-def _rule_module():
-    try:
-        from tvm_ext.rules import dequant_gemv
-    except ImportError:
-        return None
-    return dequant_gemv
-
-
 def available_schedules(gpu: bool = False) -> tuple:
     """SCHEDULES, plus "rule" on CPU targets when the dequantize-GEMV rule (rules/dequant_gemv.py)
     is installed: its ``untuned`` schedule for the kernels it ``matches`` (and those of
     rules/row_norm_cpu and rules/contraction_cpu for LayerNorm and attention), dlight's for the
     others.  Those are CPU schedules (parallel and vector loops, no GPU threads): not on GPUs."""
-    return SCHEDULES + (("rule",) if _rule_module() is not None and not gpu else ())
+    return SCHEDULES + (("rule",) if rule_module() is not None and not gpu else ())
 
 
 def run(workload, target="llvm", trials=None, from_logs=False, build_only=False, out_json=None,
@@ -245,7 +237,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     extra = {"hot": hot, "copies": {key: a.copies for key, a in args.items()}, "projection": proj}
     if "rule" in schedules:
         extra["rule_matched"] = {(f, k.name) for f in (False, True) for k in kss[f].kernels
-                                 if _rule_module().matches(normalize(k.func)["main"])}
+                                 if rule_module().matches(normalize(k.func)["main"])}
     rows = _rows(kss, sec, bandwidth, rules, beat, verified, ntok, schedules, extra)
     peer_rows = [dict({"peer": p.name, "projection": p.projection, "ms": t * 1e3,
                        "bound_ms": p.bytes / bandwidth / 1e6, "copies": p.copies}, **peer_err.get(i, {}))

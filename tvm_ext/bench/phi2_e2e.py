@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from tvm_ext.bench.phi2_kernels import (best_schedule, cpu_rule_schedule, dlight_schedule, measure_bandwidth,
-                                        normalize)
+                                        normalize, rule_module)
 
 
 SCHEDULES = ("dlight", "rule", "tuned", "none", "int8")
@@ -47,7 +47,7 @@ def schedule(mod, target, how="dlight", database=None):
     if how not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
     if how in ("rule", "int8"):
-        dequant_gemv_rule()  # one clear line where this install lacks the rule
+        rule_module(required=True)  # one clear line where this install lacks the rule
     db = tuning_database(database) if how == "tuned" else None
     mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
     used = {}
@@ -83,16 +83,6 @@ def tuning_database(path):
     if not os.path.isdir(path):
         raise ValueError(f"schedule 'tuned': no tuning database {path}")
     return open_database(path, read_only=True)
-
-
-def dequant_gemv_rule():
-    """The dequantize-GEMV rule module (imported lazily); ValueError when it is missing."""
-    try:
-        from tvm_ext.rules import dequant_gemv
-    except ImportError:
-        raise ValueError("schedule 'rule' needs the dequantize-GEMV rule (rules/dequant_gemv.py), "
-                         "which this install does not have") from None
-    return dequant_gemv
 
 
 def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=None, share=None):
@@ -141,7 +131,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         if how not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
         if how in ("rule", "int8"):
-            dequant_gemv_rule()
+            rule_module(required=True)
         if how == "tuned":
             tuning_database(database)
         if how == "int8":

@@ -86,6 +86,19 @@ def dlight_schedule(mod, target, validate=None):
 
 
 # --------------------------------------------------------------------------- our CPU schedules
+def rule_module(required: bool = False):
+    """The dequantize-GEMV rule module (rules/dequant_gemv.py, imported lazily), or None where
+    this install lacks it; with ``required`` a ValueError (one clear line) instead of None."""
+    try:
+        from tvm_ext.rules import dequant_gemv  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        if required:
+            raise ValueError("schedule 'rule' needs the dequantize-GEMV rule (rules/dequant_gemv.py), "
+                             "which this install does not have") from None
+        return None
+    return dequant_gemv
+
+
 def cpu_rule_schedule(mod, target):
     """(name, scheduled module) for the first of our untuned CPU schedules that schedules
     ``mod``'s ``main`` -- DequantGEMV (projections), row_norm_cpu (LayerNorm), contraction_cpu
