@@ -27,8 +27,10 @@ def format_table(res: dict) -> str:
     schedules = tuple(res.get("schedules", SCHEDULES))
     q4 = "q4f32_1" if res["compute_dtype"] == "float32" else "q4f16_1"
     llc = res.get("llc_bytes")
+    tuned = set(schedules) & {"metaschedule", "seeded"}  # the only rows that read a tuning budget
+    trials = f"{res['trials_per_kernel']} trials/kernel, " if tuned else "no tuned rows, "
     lines = [f"{res['workload']} on {res['target']} ({_device(res)}, {res['threads']} threads), "
-             f"compute dtype {res['compute_dtype']} ({q4}), {res['trials_per_kernel']} trials/kernel, "
+             f"compute dtype {res['compute_dtype']} ({q4}), {trials}"
              f"copy bandwidth {res['bandwidth_gbs']:.1f} GB/s"
              + (f", LLC {llc / 2**20:.0f} MiB: weights cycled through copies >= 2x LLC (DRAM figures)"
                 if llc else "")]
