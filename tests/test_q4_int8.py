@@ -80,6 +80,40 @@ def test_gemv_matches_int8_reference(k, n, epilogue):
     assert 1e-6 < err < 0.02
 
 
+VNNI_TARGETS = {"avx512vnni": {"kind": "llvm", "mcpu": "cascadelake"}, "avxvnni": {"kind": "llvm", "mcpu": "alderlake"}}
+
+
+@pytest.mark.parametrize("kind", sorted(VNNI_TARGETS))
+def test_vnni_form_assembles_to_vpdpbusd(kind):
+    """On VNNI targets the module's AVX2 GEMV is rebuilt (``for_target``) with vpdpbusd in place of
+    vpmaddubsw/vpmaddwd; compiled here, run only where the host has VNNI (next test)."""
+    target = resolve_target(VNNI_TARGETS[kind])
+    assert q.isa_for(target) == "vnni"
+    avx2 = q.q4_int8_gemv(16, 256).with_attr("global_symbol", "main")
+    func = q.for_target(avx2, target)
+    assert list(func.attrs["tvm_ext.q4_int8_gemv"])[-1] == "vnni" and func.attrs["global_symbol"] == "main"
+    asm = tvm.compile(tvm.IRModule({"main": func}), target=target).mod.inspect_source("asm")
+    assert "vpdpbusd" in asm and "vpmaddubsw" not in asm
+    assert q.for_target(func, resolve_target({"kind": "llvm", "mcpu": "znver3"})).attrs[
+        "tvm_ext.q4_int8_gemv"][-1] == "avx2"
+
+
+@pytest.mark.skipif(q.isa_for(TARGET) != "vnni", reason="this host has no VNNI")
+@pytest.mark.parametrize("epilogue", ["bias", "bias_gelu"])
+def test_vnni_form_matches_int8_reference(epilogue):
+    k, n = 256, 48
+    rng = np.random.default_rng(7)
+    packed, scale, bias = _quantized_linear(rng, k, n)
+    x = _activations(rng, k)
+    dev = tvm.cpu()
+    acts = [tvm.runtime.tensor(a, dev) for a in _quantize(x)]
+    y = tvm.runtime.tensor(np.zeros((1, 1, n), "float32"), dev)
+    _build(q.q4_int8_gemv(n, k, "float16", epilogue, isa="vnni"))(
+        *acts, *(tvm.runtime.tensor(a, dev) for a in (packed, scale, bias)), y)
+    want = q.reference_np(x, packed, scale, bias, epilogue)
+    np.testing.assert_allclose(y.numpy().reshape(-1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("k,n", [(96, 8), (32, 8), (64, 0)])
 def test_bad_shapes(k, n):
     with pytest.raises(ValueError, match="multiple of 64"):
@@ -89,6 +123,8 @@ def test_bad_shapes(k, n):
 def test_bad_epilogue_and_targets():
     with pytest.raises(ValueError, match="epilogue"):
         q.q4_int8_gemv(8, 64, epilogue="relu")
+    with pytest.raises(ValueError, match="isa"):
+        q.q4_int8_gemv(8, 64, isa="avx512")
     for spec in ({"kind": "llvm", "mcpu": "nehalem"}, {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}, "cuda"):
         with pytest.raises(ValueError, match="AVX2"):
             q.check_target(spec)

@@ -57,7 +57,11 @@ def schedule(mod, target, how="dlight", database=None):
         if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint == "kv_write":
             continue
         if func.attrs is not None and "tir.is_scheduled" in func.attrs:
-            used[gv.name_hint] = "hand-scheduled"
+            from tvm_ext.workloads.q4_int8 import for_target  # the int8 GEMV's form for this CPU
+
+            mod[gv] = for_target(func, target)
+            spec = mod[gv].attrs.get("tvm_ext.q4_int8_gemv")
+            used[gv.name_hint] = "hand-scheduled" + (f" ({spec[4]})" if spec is not None else "")
             continue
         m = normalize(func)
         best = best_schedule(db, m) if db is not None else None

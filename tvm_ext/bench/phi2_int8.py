@@ -26,7 +26,7 @@ class Int8Projection:
         import tvm
 
         from tvm_ext.targets import resolve_target
-        from tvm_ext.workloads.q4_int8 import check_target, q4_int8_gemv, quantize_activations
+        from tvm_ext.workloads.q4_int8 import check_target, isa_for, q4_int8_gemv, quantize_activations
 
         target = resolve_target(target)  # what is checked is what is compiled ("llvm": the host's CPU)
         check_target(target)
@@ -42,7 +42,8 @@ class Int8Projection:
             return tvm.compile(mod, target=target)["main"]
 
         self.quantize = build(quantize_activations(k))
-        self.gemv = build(q4_int8_gemv(n, k, str(scale.dtype)))
+        self.isa = isa_for(target)  # vpdpbusd where the CPU has VNNI, vpmaddubsw/vpmaddwd otherwise
+        self.gemv = build(q4_int8_gemv(n, k, str(scale.dtype), isa=self.isa))
         up = lambda a: tvm.runtime.tensor(a, dev)  # noqa: E731
         self.x = up(np.ascontiguousarray(x.reshape(1, 1, k), "float32"))
         self.feed = {"x": x.reshape(1, -1)}  # what check_peers reads
