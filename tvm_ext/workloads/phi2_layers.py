@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from .q4_int8 import gelu_tanh_np  # the NumPy gelu both arithmetics' references use
+
 CONFIGS = {
     "full": dict(hidden=2560, heads=32, head_dim=80, mlp=10240, vocab=51200, rotary=32),
     "reduced": dict(hidden=256, heads=4, head_dim=64, mlp=1024, vocab=1024, rotary=32),
@@ -307,10 +309,6 @@ def _layernorm_np(x, g, b):
     return (x - mu) / np.sqrt(var + EPS) * g + b
 
 
-def _gelu_new_np(x):
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-
-
 def _rope_np(x, past, rotary):
     """x: (1, n, heads, head_dim) float64."""
     n = x.shape[1]
@@ -352,7 +350,7 @@ def reference_layer(cfg, w, x, kc, vc, past, return_kv=False):
     p /= p.sum(-1, keepdims=True)
     a = np.einsum("bhij,bjhd->bihd", p, v).reshape(1, n, d)
     attn = lin(a, w["dense"])
-    mlp = lin(_gelu_new_np(lin(ln, w["fc1"])), w["fc2"])
+    mlp = lin(gelu_tanh_np(lin(ln, w["fc1"])), w["fc2"])
     out = attn + mlp + x
     return (out, *new_kv) if return_kv else out
 

@@ -83,6 +83,9 @@ def quantize_activations(k: int):
     check_shape(k, 1)
     groups = k // GROUP
 
+    def slot(i):  # where input i is stored: its block of 64, then even inputs first (``permutation``)
+        return i // BLOCK * BLOCK + i % 2 * (BLOCK // 2) + i % BLOCK // 2
+
     @T.prim_func(private=True, s_tir=True)
     def quantize(x: T.Buffer((1, 1, k), "float32"), xq: T.Buffer((k,), "int8"),
                  corr: T.Buffer((k // 8,), "int32"), x_scale: T.Buffer((k // 8,), "float32")):
@@ -95,20 +98,21 @@ def quantize_activations(k: int):
                     amax[0] = T.max(amax[0], T.fabs(x[0, 0, g * GROUP + j]))
                 inv = T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
                 for j in range(GROUP):
-                    # input i = g*32 + j sits at block i // 64, slot (i % 64) // 2 (+ 32 if odd)
-                    i = g * GROUP + j
-                    xq[i // BLOCK * BLOCK + i % 2 * (BLOCK // 2) + i % BLOCK // 2] = T.Cast(
-                        "int8", T.round(x[0, 0, i] * inv))
+                    xq[slot(g * GROUP + j)] = T.Cast("int8", T.round(x[0, 0, g * GROUP + j] * inv))
                 for w in range(GROUP // 8):
                     s = T.decl_buffer((1,), "int32")
                     s[0] = 0
                     for j in range(8):
-                        i = g * GROUP + w * 8 + j
-                        s[0] = s[0] + T.Cast("int32", xq[i // BLOCK * BLOCK + i % 2 * (BLOCK // 2) + i % BLOCK // 2])
+                        s[0] = s[0] + T.Cast("int32", xq[slot(g * GROUP + w * 8 + j)])
                     corr[g * 4 + w] = s[0] * -ZERO_POINT
                     x_scale[g * 4 + w] = amax[0] / T.float32(127)
 
     return quantize
+
+
+def gelu_tanh_np(x):
+    """gelu_tanh (Phi-2's "gelu_new") in NumPy (the references of both arithmetics)."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def _gelu_tanh(v):
@@ -232,5 +236,5 @@ def reference_np(x, packed, scale, bias, epilogue: str = "bias"):
     dots = ((q - ZERO_POINT) * xq.astype(np.int64)[None, :]).reshape(n, -1, GROUP).sum(axis=2)
     y = (dots * scale.astype("float64") * xs.astype("float64")[None, :]).sum(axis=1) + bias.astype("float64")
     if epilogue == "bias_gelu":
-        y = 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
+        y = gelu_tanh_np(y)
     return y
