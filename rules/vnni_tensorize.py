@@ -1,4 +1,4 @@
-"""VNNITensorize: uint8 x int8 -> int32 reductions on x86 VNNI, epilogue kept fused.
+"""VNNITensorize: uint8 x int8 -> int32 reductions on x86 (VNNI or AVX2), epilogue kept fused.
 
 What it does, per block:
 1. If the block's innermost iterators can be mapped onto the VNNI dot product
@@ -21,8 +21,17 @@ What it does, per block:
    blocks we tiled carry the ``meta_schedule.tiling_structure`` annotation, so that
    rule skips them.
 
+With the AVX2 form of the intrinsic (``AVX2_INTRIN``: ``vpmaddubsw`` + ``vpmaddwd``, for
+x86 CPUs without VNNI) the rule only takes blocks annotated ``PAIRS_FIT_INT16_ATTR``
+(truthy) and returns any other block untouched. ``vpmaddubsw`` sums adjacent u8 x s8
+products in int16 with saturation, so the result is exact only when every weight pair has
+255 * (|w0| + |w1|) <= 32767; the weights are constants the workload knows and this rule
+does not, so the workload vouches for them with the annotation. The VNNI forms are exact
+for any int8 weights and ignore it.
+
 The intrinsics live in ``tvm_ext.intrinsics.vnni``; the rule lists that put this rule
-before MultiLevelTiling (``with_vnni``) in ``tvm_ext.rulesets``.
+before MultiLevelTiling (``with_vnni``, which picks the form by ``u8s8_intrin_name``) in
+``tvm_ext.rulesets``.
 """
 from __future__ import annotations
 
@@ -38,7 +47,8 @@ from tvm.s_tir.meta_schedule.schedule_rule import (
 from tvm.s_tir.schedule import ScheduleError
 from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
 
-from tvm_ext.intrinsics.vnni import AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, register_intrinsics
+from tvm_ext.intrinsics.vnni import (AVX2_INTRIN, AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, PAIRS_FIT_INT16_ATTR,
+                                      register_intrinsics)
 
 AUTO_TENSORIZE_ATTR = "meta_schedule.auto_tensorize"
 # On the innermost tile loop of a tensorized block: any loop annotation stops TVM's
@@ -80,6 +90,16 @@ def operands_packed(block) -> bool:
         return False
     a_last, out_last = index(a, -1), index(out, -1)
     return _unit_step(a_last, byte) and _unit_step(out_last, lane)
+
+
+def pairs_fit_int16(block) -> bool:
+    """Whether ``block`` carries a truthy ``PAIRS_FIT_INT16_ATTR`` (its weight pairs fit
+    vpmaddubsw's int16 sums, so the AVX2 form is exact)."""
+    value = block.annotations.get(PAIRS_FIT_INT16_ATTR)
+    try:
+        return bool(int(getattr(value, "value", value) or 0))
+    except (TypeError, ValueError):
+        return False
 
 
 def _tile_var(expr, extent: int):
@@ -164,11 +184,14 @@ def tiling_options(max_innermost_factor: int) -> dict:
 
 @derived_object
 class VNNITensorize(PyScheduleRule):
-    """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI, epilogue fused.
+    """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI (or AVX2 on annotated
+    blocks), epilogue fused.
 
     Parameters
     ----------
-    intrin_name: tensor intrinsic ("dot_16x4_vnni" or "tvm_ext.dot_16x4_avxvnni").
+    intrin_name: tensor intrinsic of ``tvm_ext.intrinsics.vnni`` (``AVX512_VNNI_INTRIN``,
+        ``AVX_VNNI_INTRIN``, or ``AVX2_INTRIN``: then annotated blocks only) or another
+        registered 16x4 one.
     max_innermost_factor: as in MultiLevelTiling.
     fuse: fold the elementwise epilogue into the tile (see module doc).
     """
@@ -176,7 +199,7 @@ class VNNITensorize(PyScheduleRule):
     def __init__(self, intrin_name: str = AVX512_VNNI_INTRIN, max_innermost_factor: int = 64,
                  fuse: bool = True) -> None:
         super().__init__()
-        if intrin_name in (AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN):
+        if intrin_name in (AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, AVX2_INTRIN):
             register_intrinsics()
         self.intrin_name = intrin_name
         self.max_innermost_factor = max_innermost_factor
@@ -190,7 +213,10 @@ class VNNITensorize(PyScheduleRule):
         self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
 
     def apply(self, sch, block):
-        if not operands_packed(sch.get(block)):
+        stmt = sch.get(block)
+        if self.intrin_name == AVX2_INTRIN and not pairs_fit_int16(stmt):
+            return [sch]  # vpmaddubsw could saturate on these weights (module doc)
+        if not operands_packed(stmt):
             return [sch]
         try:
             if get_auto_tensorize_mapping_info(sch, block, self._desc) is None:

@@ -133,13 +133,15 @@ def _quant_params(rng, w_oc_flat: np.ndarray, n_red: int, zp_x: int, x_std: floa
 def conv2d_case(
     n: int = 1, h: int = 14, w: int = 14, c_in: int = 32, c_out: int = 32, kh: int = 3, kw: int = 3,
     stride: int = 1, pad: int = 1, cb: int | None = None, zp_x: int = 7, zp_out: int = 100, seed: int = 0,
+    w_max: int = 127,
 ) -> PackedQCase:
-    """A packed quantized conv2d (+requantize) with random data and its NumPy reference."""
+    """A packed quantized conv2d (+requantize) with random data (weights in [-w_max, w_max])
+    and its NumPy reference."""
     cb = cb or channel_block(c_in)
     c_in_p = -(-c_in // cb) * cb
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, (n, h, w, c_in)).astype(np.uint8)
-    wt = rng.integers(-127, 128, (c_out, kh, kw, c_in)).astype(np.int8)
+    wt = rng.integers(-w_max, w_max + 1, (c_out, kh, kw, c_in)).astype(np.int8)
     corr, mult, rshift = _quant_params(rng, wt.reshape(c_out, -1), kh * kw * c_in, zp_x, 74.0)
     xp, wp = pack_activation(x, cb), pack_conv_weight(wt, cb)
     # padded input channels: activation 0 x weight 0 -> no contribution
@@ -168,11 +170,13 @@ def conv2d_case(
     )
 
 
-def dense_case(m: int = 8, n: int = 64, k: int = 128, zp_x: int = 9, zp_out: int = 90, seed: int = 0) -> PackedQCase:
-    """A packed quantized dense (+requantize) with random data and its NumPy reference."""
+def dense_case(m: int = 8, n: int = 64, k: int = 128, zp_x: int = 9, zp_out: int = 90, seed: int = 0,
+               w_max: int = 127) -> PackedQCase:
+    """A packed quantized dense (+requantize) with random data (weights in [-w_max, w_max])
+    and its NumPy reference."""
     rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, (m, k)).astype(np.uint8)
-    wt = rng.integers(-127, 128, (n, k)).astype(np.int8)
+    wt = rng.integers(-w_max, w_max + 1, (n, k)).astype(np.int8)
     corr, mult, rshift = _quant_params(rng, wt, k, zp_x, 74.0)
     wp = pack_dense_weight(wt)
     args_te, out_te = dense_int8_te(m, n, k, zp_out)

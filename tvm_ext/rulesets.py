@@ -4,8 +4,10 @@
                      of TVM's ApplyCustomRule, our InlineConstantScalars in place of
                      TVM's, our VerifyGPUCode in place of TVM's (cuda; its thread-extent
                      check also runs first, as ThreadExtentPrecheck), and on x86 with
-                     VNNI our VNNI tensorization rule + RewriteTensorize (llvm), and on
-                     x86 with AMX int8 our AMX rule + AMXTileConfig in front of those;
+                     VNNI our VNNI tensorization rule + RewriteTensorize (llvm) -- on x86
+                     with AVX2 but no VNNI the same rule with the AVX2 intrinsic, which
+                     only takes blocks annotated as safe for it (``u8s8_intrin_name``) --
+                     and on x86 with AMX int8 our AMX rule + AMXTileConfig in front of those;
                      on llvm our DequantGEMV (q4 decode GEMV kernels) before MultiLevelTiling.
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
@@ -20,7 +22,7 @@ from tvm.s_tir.meta_schedule.postproc import Postproc, RewriteTensorize
 from tvm.s_tir.meta_schedule.schedule_rule import ScheduleRule
 
 from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
-from tvm_ext.intrinsics.vnni import vnni_intrin_name
+from tvm_ext.intrinsics.vnni import u8s8_intrin_name
 
 RULESETS = ("plugin", "no-inline-const", "upstream")
 
@@ -81,7 +83,7 @@ def with_dequant_gemv(rules: list) -> list:
 
 def _vnni(target, ruleset: str):
     """``with_vnni`` for our llvm rule sets; None for ``upstream`` and cuda (it adds
-    nothing on x86 targets without AVX-512 VNNI / AVX-VNNI)."""
+    nothing on targets without VNNI or AVX2)."""
     if ruleset == "upstream" or target_kind(target) != "llvm":
         return None
     return with_cpu_tensorization
@@ -123,19 +125,20 @@ def space(target: tvm.target.Target, ruleset: str = "plugin",
 
 # ----------------------------------------------------------------------------- VNNI presets
 def vnni_rules(target) -> List[ScheduleRule]:
-    """Rules to insert **before** MultiLevelTiling in an llvm rule list.
+    """Rules to insert **before** MultiLevelTiling in an llvm rule list: VNNITensorize with
+    the target's 16x4 intrinsic (``u8s8_intrin_name``: VNNI, else AVX2 for annotated blocks).
 
-    Empty when the target has no VNNI (non-x86, no AVX-512 VNNI / AVX-VNNI, cuda).
+    Empty when the target has neither (non-x86, x86 without AVX2, cuda).
     """
-    intrin = vnni_intrin_name(target)
+    intrin = u8s8_intrin_name(target)
     from tvm_ext.rules.vnni_tensorize import VNNITensorize
 
     return [VNNITensorize(intrin)] if intrin else []
 
 
 def vnni_postprocs(target) -> List[Postproc]:
-    """Postprocessors the rule needs (RewriteTensorize); empty without VNNI."""
-    return [RewriteTensorize(vectorize_init_loop=True)] if vnni_intrin_name(target) else []
+    """Postprocessors the rule needs (RewriteTensorize); empty when ``vnni_rules`` is."""
+    return [RewriteTensorize(vectorize_init_loop=True)] if u8s8_intrin_name(target) else []
 
 
 def with_vnni(rules: List[ScheduleRule], postprocs: List[Postproc], target):
@@ -144,7 +147,8 @@ def with_vnni(rules: List[ScheduleRule], postprocs: List[Postproc], target):
     VNNITensorize goes right before the first MultiLevelTiling (else before
     ParallelizeVectorizeUnroll, else at the end); RewriteTensorize right after
     RewriteReductionBlock (it tensorizes the update block that one splits from the
-    init), else at the end. Copies of the lists, unchanged when the target has no VNNI.
+    init), else at the end. Copies of the lists, unchanged when the target has neither
+    VNNI nor AVX2.
     """
     extra_rules, extra_posts = vnni_rules(target), vnni_postprocs(target)
     if not extra_rules:

@@ -1,12 +1,25 @@
-"""VNNI tensor intrinsics: the 16x4 uint8 x int8 -> int32 dot product for x86.
+"""x86 tensor intrinsics for the 16x4 uint8 x int8 -> int32 dot product.
 
-AVX-512 VNNI targets use ``tvm_ext.dot_16x4_avx512vnni`` (one 512-bit ``vpdpbusd``);
-AVX-VNNI-only targets (Alder Lake and later client CPUs) use
-``tvm_ext.dot_16x4_avxvnni``, two 256-bit (VEX-encoded) ``vpdpbusd``, so one packed
-weight layout serves both. The description is that of TVM's ``dot_16x4_vnni``; TVM's
-own implementation cannot be used with the LLVM the 0.27 wheel bundles (see
-``_operand_style``). Registered on first use; ``register_intrinsics`` registers both
-(a database whose traces name them can only be loaded once they exist).
+All forms share one description (that of TVM's ``dot_16x4_vnni``: 16 int32 lanes, each
+adding the 4 products of 4 uint8 activations with its 4 int8 weights), so one packed
+weight layout serves them all:
+
+* ``tvm_ext.dot_16x4_avx512vnni``: one 512-bit ``vpdpbusd`` (AVX-512 VNNI);
+* ``tvm_ext.dot_16x4_avxvnni``: two 256-bit (VEX-encoded) ``vpdpbusd`` (AVX-VNNI only,
+  Alder Lake and later client CPUs);
+* ``tvm_ext.dot_16x4_avx2``: per 8 lanes, ``vpmaddubsw`` (u8 x s8 products, adjacent
+  pairs summed to int16) then ``vpmaddwd`` by ones (the two pairs of a lane to int32),
+  as ONNX Runtime does on AVX2 CPUs without VNNI. ``vpmaddubsw`` saturates its pair
+  sums, so this form is exact only when every weight pair (bytes 0-1 and 2-3 of each
+  4-byte group) has 255 * (|w0| + |w1|) <= 32767 (7-bit weights always do). Workloads
+  that know this of their constant weights set the block annotation
+  ``PAIRS_FIT_INT16_ATTR``; only such blocks may use it (``u8s8_intrin_name`` says which
+  form a target gets, ``rules/vnni_tensorize.py`` checks the annotation).
+
+TVM's own ``dot_16x4_vnni`` implementation cannot be used with the LLVM the 0.27 wheel
+bundles (see ``_operand_style``). Each form is registered on first use;
+``register_intrinsics`` registers all of them (a database whose traces name them can
+only be loaded once they exist).
 """
 from __future__ import annotations
 
@@ -20,6 +33,15 @@ from tvm_ext.intrinsics import register_once
 
 AVX512_VNNI_INTRIN = "tvm_ext.dot_16x4_avx512vnni"
 AVX_VNNI_INTRIN = "tvm_ext.dot_16x4_avxvnni"
+AVX2_INTRIN = "tvm_ext.dot_16x4_avx2"
+# Block annotation a workload sets on a u8 x s8 reduction whose every weight pair (bytes 0-1
+# and 2-3 of each 4-byte group) has 255 * (|w0| + |w1|) <= 32767: vpmaddubsw's saturating
+# int16 pair sums are then exact, so the AVX2 form of the 16x4 product may be used.
+PAIRS_FIT_INT16_ATTR = "tvm_ext.u8s8_pairs_fit_int16"
+# The LLVM intrinsics of the u8 x s8 products (also used by workloads/q4_int8.py)
+MADDUBS = "llvm.x86.avx2.pmadd.ub.sw"  # 32 u8 x s8 -> 16 int16 (adjacent pairs, saturating)
+MADDWD = "llvm.x86.avx2.pmadd.wd"  # 16 x 16 int16 -> 8 int32 (adjacent pairs)
+VPDPBUSD_256 = "llvm.x86.avx512.vpdpbusd.256"  # the VEX (AVX-VNNI) form too
 
 
 # LLVM 21+ declares vpdpbusd on byte vectors, e.g. llvm.x86.avx512.vpdpbusd.512(<16 x i32>,
@@ -48,18 +70,36 @@ def _dot_16x4_desc(
                 c[v_lane] = c[v_lane] + T.cast(a[v_byte], "int32") * T.cast(b[v_lane, v_byte], "int32")
 
 
-def _make_impl(instr_lanes: int, byte_operands: bool):
-    """16x4 u8.s8->s32 dot product as 16 // instr_lanes vpdpbusd of instr_lanes lanes."""
-    n_calls = 16 // instr_lanes
-    nbytes = 4 * instr_lanes
+def _vpdpbusd(instr_lanes: int, byte_operands: bool):
+    """acc + a . b on ``instr_lanes`` int32 lanes as one vpdpbusd (see ``_make_impl``)."""
     name = f"llvm.x86.avx512.vpdpbusd.{instr_lanes * 32}"
-    acc_t, u8_t, i8_t = f"int32x{instr_lanes}", f"uint8x{nbytes}", f"int8x{nbytes}"
+    acc_t, u8_t = f"int32x{instr_lanes}", f"uint8x{4 * instr_lanes}"
 
-    def a_operand(a4):  # the 4 activation bytes, as an int32, broadcast to every lane
-        return tirx.reinterpret(u8_t, a4) if byte_operands else a4
+    def update(acc, a4, b_bytes):
+        if not byte_operands:  # older LLVM: the byte operands as int32 vectors
+            return T.call_llvm_pure_intrin(acc_t, T.llvm_lookup_intrinsic_id(name), acc, a4,
+                                           tirx.reinterpret(acc_t, b_bytes))
+        return T.call_llvm_pure_intrin(acc_t, T.llvm_lookup_intrinsic_id(name), acc,
+                                       tirx.reinterpret(u8_t, a4), b_bytes)
 
-    def b_operand(b_bytes):  # 4 * lanes weight bytes: [lane][4]
-        return b_bytes if byte_operands else tirx.reinterpret(acc_t, b_bytes)
+    return update
+
+
+def _pmadd(acc, a4, b_bytes):
+    """acc + a . b on 8 int32 lanes with AVX2: vpmaddubsw (u8 x s8, adjacent pairs summed
+    with int16 saturation), then vpmaddwd by ones (the lane's two pairs summed in int32)."""
+    pairs = T.call_llvm_pure_intrin("int16x16", T.llvm_lookup_intrinsic_id(MADDUBS),
+                                    tirx.reinterpret("uint8x32", a4), b_bytes)
+    return acc + T.call_llvm_pure_intrin("int32x8", T.llvm_lookup_intrinsic_id(MADDWD), pairs,
+                                         T.broadcast(T.int16(1), 16))
+
+
+def _make_impl(instr_lanes: int, update):
+    """The 16x4 product as 16 // instr_lanes steps ``c[lanes] = update(c[lanes], a4, b[lanes])``:
+    ``a4`` the 4 activation bytes as an int32 broadcast to every lane, ``b`` the lanes'
+    4 * instr_lanes weight bytes ([lane][4])."""
+    n_calls = 16 // instr_lanes
+    acc_t, i8_t = f"int32x{instr_lanes}", f"int8x{4 * instr_lanes}"
 
     @T.prim_func(s_tir=True)
     def impl(
@@ -72,13 +112,9 @@ def _make_impl(instr_lanes: int, byte_operands: bool):
             T.writes(c[0:16])
             a4 = T.broadcast(T.reinterpret(a.vload([0], "uint8x4"), dtype="int32"), instr_lanes)
             for h in T.unroll(n_calls):
-                c[T.ramp(h * instr_lanes, 1, instr_lanes)] = T.call_llvm_pure_intrin(
-                    T.llvm_lookup_intrinsic_id(name),
-                    c.vload([h * instr_lanes], dtype=acc_t),
-                    a_operand(a4),
-                    b_operand(b.vload([h * instr_lanes, 0], dtype=i8_t)),
-                    dtype=acc_t,
-                )
+                c[T.ramp(h * instr_lanes, 1, instr_lanes)] = update(
+                    c.vload([h * instr_lanes], dtype=acc_t), a4,
+                    b.vload([h * instr_lanes, 0], dtype=i8_t))
 
     return impl
 
@@ -91,7 +127,7 @@ def _operand_style() -> bool:
 
     first = codegen.llvm_version_major() >= 21
     for style in (first, not first):
-        func = _make_impl(16, style).with_attr("global_symbol", "probe")
+        func = _make_impl(16, _vpdpbusd(16, style)).with_attr("global_symbol", "probe")
         try:
             tvm.compile(
                 tvm.IRModule({"probe": func}),
@@ -103,25 +139,33 @@ def _operand_style() -> bool:
     return first
 
 
-def _register(name: str, instr_lanes: int) -> str:
-    return register_once(name, lambda: (_dot_16x4_desc, _make_impl(instr_lanes, _operand_style())))
+def _register(name: str, instr_lanes: int, update) -> str:
+    """Register ``name`` (once): the 16x4 description, ``_make_impl(instr_lanes, update())``."""
+    return register_once(name, lambda: (_dot_16x4_desc, _make_impl(instr_lanes, update())))
 
 
 def avx512_vnni_intrin() -> str:
     """Register (once) and name the 16x4 intrinsic as one 512-bit vpdpbusd."""
-    return _register(AVX512_VNNI_INTRIN, 16)
+    return _register(AVX512_VNNI_INTRIN, 16, lambda: _vpdpbusd(16, _operand_style()))
 
 
 def avx_vnni_intrin() -> str:
     """Register (once) and name the 16x4 intrinsic as two 256-bit (VEX) vpdpbusd."""
-    return _register(AVX_VNNI_INTRIN, 8)
+    return _register(AVX_VNNI_INTRIN, 8, lambda: _vpdpbusd(8, _operand_style()))
+
+
+def avx2_intrin() -> str:
+    """Register (once) and name the 16x4 intrinsic as AVX2 vpmaddubsw + vpmaddwd (exact only
+    on blocks annotated ``PAIRS_FIT_INT16_ATTR``, see the module doc)."""
+    return _register(AVX2_INTRIN, 8, lambda: _pmadd)
 
 
 def register_intrinsics() -> None:
-    """Register both intrinsics: a database whose traces tensorize with them can only be
+    """Register every form: a database whose traces tensorize with them can only be
     loaded (JSONDatabase replays every trace) once they exist in this process."""
     avx512_vnni_intrin()
     avx_vnni_intrin()
+    avx2_intrin()
 
 
 def vnni_intrin_name(target) -> Optional[str]:
@@ -134,3 +178,12 @@ def vnni_intrin_name(target) -> Optional[str]:
     if "avxvnni" in kinds:
         return avx_vnni_intrin()
     return None
+
+
+def u8s8_intrin_name(target) -> Optional[str]:
+    """The 16x4 intrinsic a packed u8 x s8 block gets on ``target``: the VNNI form when the
+    target has VNNI (``vnni_intrin_name``), else the AVX2 form on x86 with AVX2 (only for
+    blocks annotated ``PAIRS_FIT_INT16_ATTR``), else None."""
+    from tvm_ext.targets import has_avx2  # pylint: disable=import-outside-toplevel
+
+    return vnni_intrin_name(target) or (avx2_intrin() if has_avx2(target) else None)

@@ -37,14 +37,13 @@ import math
 
 import numpy as np
 
+from tvm_ext.intrinsics.vnni import MADDUBS, MADDWD, VPDPBUSD_256 as VPDPBUSD
+
 GROUP = 32  # inputs per scale (activation and weight)
 BLOCK = 64  # inputs per 256-bit step: 8 packed words, 32 bytes
 ZERO_POINT = 7
 EPILOGUES = ("bias", "bias_gelu")
 ISAS = ("avx2", "vnni")
-VPDPBUSD = "llvm.x86.avx512.vpdpbusd.256"  # the VEX (AVX-VNNI) form too
-MADDUBS = "llvm.x86.avx2.pmadd.ub.sw"
-MADDWD = "llvm.x86.avx2.pmadd.wd"
 
 
 def check_shape(k: int, n: int) -> None:
