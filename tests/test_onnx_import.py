@@ -63,7 +63,7 @@ def ops_model(path):
     return _save(nodes, inits, path, out_shape=[1, 6])
 
 
-def _quantize(fp32, out, fmt, activations, shape=(1, 4, 9, 9)):
+def _quantize(fp32, out, fmt, activations, shape=(1, 4, 9, 9), reduce_range=None):
     """ORT's quantize_static as zoo.quantize calls it, calibrated on 3 random inputs of ``shape``."""
     from onnxruntime import quantization as q
 
@@ -78,7 +78,7 @@ def _quantize(fp32, out, fmt, activations, shape=(1, 4, 9, 9)):
     q.quantize_static(fp32, out, Reader(), per_channel=True, weight_type=q.QuantType.QInt8,
                       quant_format=q.QuantFormat.QDQ if fmt == "qdq" else q.QuantFormat.QOperator,
                       activation_type={"uint8": q.QuantType.QUInt8, "int8": q.QuantType.QInt8}[activations],
-                      reduce_range=zoo.host_needs_reduce_range())
+                      reduce_range=zoo.host_needs_reduce_range() if reduce_range is None else reduce_range)
     return str(out)
 
 
@@ -222,6 +222,89 @@ def test_dynamic_shape_imports_with_shape(tmp_path, capsys, monkeypatch):
     assert os.listdir(tmp_path) == ["dyn.onnx"]  # import writes nothing
 
 
+# ---------------------------------------------------------------------------- packed layout
+def packable_model(path):
+    """A small ResNet-style fp32 graph the packed (nchwc) emission takes: a strided stem with
+    asymmetric pads on 3 input channels, MaxPool, a residual block, a depthwise conv,
+    GlobalAveragePool, Flatten and a Gemm of 10 classes; 24 channels, so that every packed
+    tensor has a zero-padded channel block (MobileNetV2's 24 and 144 need it)."""
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0]),
+        n("Relu", ["c1"], ["a"]),
+        n("MaxPool", ["a"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        n("Conv", ["p", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        n("Add", ["c2", "p"], ["r"]),
+        n("Relu", ["r"], ["ra"]),
+        n("Conv", ["ra", "w3", "b3"], ["c3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=24),
+        n("GlobalAveragePool", ["c3"], ["g"]),
+        n("Flatten", ["g"], ["gf"]),
+        n("Gemm", ["gf", "w4", "b4"], ["y"], transB=1),
+    ]
+    inits = {"w1": _w(24, 3, 3, 3), "b1": _w(24), "w2": _w(24, 24, 3, 3, scale=0.1), "b2": _w(24),
+             "w3": _w(24, 1, 3, 3, scale=0.5), "b3": _w(24), "w4": _w(10, 24), "b4": _w(10)}
+    return _save(nodes, inits, path, in_shape=(1, 3, 17, 17), out_shape=[1, 10])
+
+
+@pytest.fixture(scope="module")
+def packable(tmp_path_factory):
+    d = tmp_path_factory.mktemp("onnx_packable")
+    fp32 = packable_model(d / "packable-fp32.onnx")
+    out = {fmt: _quantize(fp32, d / f"packable-{fmt}.onnx", fmt, "uint8", shape=(1, 3, 17, 17), reduce_range=True)
+           for fmt in ("qdq", "qoperator")}  # 7-bit weights
+    out["qdq-8bit"] = _quantize(fp32, d / "packable-qdq-8bit.onnx", "qdq", "uint8", shape=(1, 3, 17, 17),
+                                reduce_range=False)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["qdq", "qoperator"])
+def test_packed_layout_equals_the_reference_and_nhwc(packable, fmt):
+    """``layout="nchwc"``: the same graph in NCHW[x]c (depthwise conv, pads, flatten, the
+    float edges included), compiled, bit-exact with the NumPy reference and with the NHWC
+    module; its own workload name (databases never mix layouts)."""
+    import tvm
+
+    from tvm_ext.tune.apply import compile_workload, make_vm
+
+    packed, plain = import_onnx(packable[fmt], layout="nchwc"), import_onnx(packable[fmt], layout="nhwc")
+    assert packed.layout == "nchwc" and packed.workload.name == plain.workload.name + "-nchwc"
+    names = " ".join(gv.name_hint for gv in packed.workload.mod.functions)
+    assert "conv2d_nchwc" in names and "depthwise_nchwc" in names and "dense_packed" in names, names
+    target = tvm.target.Target("llvm")
+    outs = {}
+    for imp in (packed, plain):
+        vm = make_vm(compile_workload(imp.workload, target, None), target)
+        outs[imp.layout] = [vm["main"](tvm.runtime.tensor(x)).numpy() for x in _inputs(imp)]
+    for ours, theirs, x in zip(outs["nchwc"], outs["nhwc"], _inputs(packed)):
+        np.testing.assert_array_equal(ours, packed.graph([x]))
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_auto_layout_packs_where_the_target_tensorizes(models, packable):
+    """``auto``: nchwc where the u8 x s8 rule tensorizes every conv/dense on the target (VNNI;
+    AVX2 only with 7-bit weights, whose pairs cannot saturate vpmaddubsw), nhwc otherwise
+    and for graphs the packed emission cannot lay out."""
+    haswell, cascadelake, generic = ({"kind": "llvm", "mcpu": cpu} for cpu in ("haswell", "cascadelake", "x86-64"))
+    layout = {(name, cpu["mcpu"]): import_onnx(path, target=cpu).layout
+              for name, path in (("7bit", packable["qdq"]), ("8bit", packable["qdq-8bit"]), ("ops", models["qdq-uint8"]))
+              for cpu in (haswell, cascadelake, generic)}
+    assert layout == {("7bit", "haswell"): "nchwc", ("7bit", "cascadelake"): "nchwc", ("7bit", "x86-64"): "nhwc",
+                      ("8bit", "haswell"): "nhwc", ("8bit", "cascadelake"): "nchwc", ("8bit", "x86-64"): "nhwc",
+                      ("ops", "haswell"): "nhwc", ("ops", "cascadelake"): "nhwc", ("ops", "x86-64"): "nhwc"}
+
+
+def test_packed_layout_refuses_what_it_cannot_lay_out(models, tmp_path, capsys, monkeypatch):
+    """Grouped convs that are not depthwise: one line, pointing to layout nhwc; ``--layout``
+    on a built-in workload is refused too."""
+    with pytest.raises(ValueError, match=r"takes depthwise convs \(groups = channels\), not groups=2 .* layout nhwc"):
+        import_onnx(models["qdq-uint8"], layout="nchwc")
+    code, err = _cli(capsys, tmp_path, monkeypatch, models["qdq-uint8"], "--layout", "nchwc")
+    assert code == 2 and len(err) == 1 and "use layout nhwc" in err[0], err
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "conv2d-int8", "--layout", "nchwc", "--trials", "1"]) == 2
+    assert "--layout is for MODEL.onnx" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------- real models
 @pytest.mark.slow
 @pytest.mark.parametrize("model", zoo.MODELS)
@@ -299,27 +382,37 @@ def test_new_qnn_ops_compiled_equal_their_numpy_twins():
 
 
 # ---------------------------------------------------------------------------- tune / report
-def test_onnx_path_is_a_workload_keyed_by_content(tmp_path, capsys, monkeypatch):
+def _args(workload, **kw):
+    from argparse import Namespace
+
+    return Namespace(**{**dict(workload=workload, batch=None, image=None, seed=0, shape=[], layout="auto",
+                               target="llvm"), **kw})
+
+
+def _key(workload, layout="auto"):
     from tvm_ext.cli.common import workload_key
 
+    return workload_key(_args(str(workload), layout=layout))
+
+
+def test_onnx_path_is_a_workload_keyed_by_content(tmp_path, capsys, monkeypatch):
     a = _qdq_around(tmp_path / "m.onnx", "Relu")
-    key_a = workload_key(a)
+    key_a = _key(a)
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "m.onnx").write_bytes((tmp_path / "m.onnx").read_bytes())
-    assert workload_key(str(tmp_path / "d" / "m.onnx")) == key_a  # same bytes, same database
+    assert _key(tmp_path / "d" / "m.onnx") == key_a  # same bytes, same database
     _save([helper.make_node("Relu", ["x"], ["y"])], {}, tmp_path / "d" / "m.onnx", out_shape=[1, 4, 9, 9])
-    assert workload_key(str(tmp_path / "d" / "m.onnx")) != key_a  # same name, other bytes
-    assert key_a.startswith("onnx-m-") and workload_key("resnet50-int8") == "resnet50-int8"
+    assert _key(tmp_path / "d" / "m.onnx", "nhwc") != key_a  # same name, other bytes (a float model)
+    assert key_a.startswith("onnx-m-") and _key("resnet50-int8") == "resnet50-int8"
+    assert _key(a, "nchwc") == key_a + "-nchwc" and _key(a, "nhwc") == key_a  # layouts never share
     monkeypatch.chdir(tmp_path)
     assert main(["tune", "missing.onnx"]) == 2
     assert "missing.onnx: no such ONNX file" in capsys.readouterr().err
-    from argparse import Namespace
-
     from tvm_ext.cli.common import load_workload
 
     with pytest.raises(ValueError, match="--batch and --image do not apply to an .onnx model"):
-        load_workload(Namespace(workload=a, batch=None, image=32, seed=0, shape=[]))
-    assert load_workload(Namespace(workload=a, batch=None, image=None, seed=0, shape=[])).name == key_a
+        load_workload(_args(a, image=32))
+    assert load_workload(_args(a)).name == key_a
 
 
 @pytest.mark.slow
@@ -340,14 +433,12 @@ def test_tune_and_report_take_an_onnx_path(tmp_path, capsys, monkeypatch):
 def test_bench_takes_an_onnx_path_with_ort_on_the_same_file(tmp_path, capsys, monkeypatch):
     import json
 
-    from tvm_ext.cli.common import workload_key
-
     path = _qdq_around(tmp_path / "m.onnx", "Relu")
     monkeypatch.chdir(tmp_path)
     code = main(["bench", path, "--rulesets", "plugin", "--trials", "1", "--peers", "ort,tvm-onnx",
                  "--rounds", "3", "--logs-dir", "logs"])
     assert code == 0, capsys.readouterr().err
-    out = json.loads((tmp_path / "logs" / f"bench-{workload_key(path)}-llvm.json").read_text())
+    out = json.loads((tmp_path / "logs" / f"bench-{_key(path)}-llvm.json").read_text())
     rows = {r["ruleset"]: r for r in out["rows"]}
     assert rows["plugin"]["exact_match"] and rows["ort"]["ort_weights"] == "file"
     assert rows["ort"]["max_step"] <= 1 and rows["ort"]["e2e_ms"] > 0

@@ -77,7 +77,9 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     host = describe_host()
     result = {"workload": workload.name, "options": workload.options, "target": target.kind.name,
               "host": {"cpu": host.get("cpu_name"), "mcpu": host.get("mcpu"),
-                       "cores": host.get("physical_cores")},
+                       "cores": host.get("physical_cores"),
+                       "int8_flags": sorted(f for f in ("avx2", "avx512vnni", "avxvnni", "amx-int8")
+                                            if f in host.get("features", ()))},
               "trials_per_task": trials if not from_logs else min(
                   (r["min_trials"] for r in rows if r.get("min_trials") is not None), default=None),
               "rounds": rounds, "rows": rows}

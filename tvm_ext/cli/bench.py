@@ -64,7 +64,8 @@ def run(args) -> int:
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
     target = resolve_target(args.target)
-    out = args.out or os.path.join(args.logs_dir, f"bench-{workload_key(args.workload)}-{target.kind.name}.json")
+    key = workload_key(args)
+    out = args.out or os.path.join(args.logs_dir, f"bench-{key}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):
         from tvm_ext.bench import phi2 as phi2_bench
         from tvm_ext.bench.phi2_peers import parse as parse_phi2_peers

@@ -37,6 +37,9 @@ def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="MODEL.onnx only: static shape of a dynamic input (see tvm-ext import)")
+    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc"),
+                   help="MODEL.onnx only: activation layout of the integer module (default auto; see "
+                        "tvm-ext import --help); each layout has its own databases")
 
 
 def workload_options(args) -> dict:
@@ -60,14 +63,19 @@ def check_workload_name(name: str) -> str:
     return name
 
 
-def workload_key(name: str) -> str:
+def workload_key(args) -> str:
     """The name databases are kept under: the workload's, or for an .onnx file
-    ``onnx-<stem>-<content hash>`` (two different files never share a database)."""
-    if not name.endswith(".onnx"):
-        return name
-    from tvm_ext.frontend.onnx_int8 import workload_name
+    ``onnx-<stem>-<content hash>[-nchwc]`` (two different files, or layouts, never share a
+    database; ``--layout auto`` imports the model to know which it is)."""
+    if not args.workload.endswith(".onnx"):
+        return args.workload
+    from tvm_ext.frontend.onnx_int8 import check_layout, workload_name
 
-    return workload_name(name)
+    layout = check_layout(getattr(args, "layout", "auto"))
+    return load_workload(args).name if layout == "auto" else workload_name(args.workload, layout=layout)
+
+
+_IMPORTED = {}  # one import per model and options in a process (workload_key, then load_workload)
 
 
 def load_workload(args):
@@ -75,14 +83,23 @@ def load_workload(args):
     from tvm_ext import workloads
 
     check_workload_name(args.workload)
+    layout = getattr(args, "layout", "auto")
+    if not args.workload.endswith(".onnx") and layout != "auto":
+        raise ValueError("--layout is for MODEL.onnx (the built-in packed network is the workload "
+                         "resnet50-int8-nchwc)")
     if args.workload.endswith(".onnx"):
         from tvm_ext.frontend.onnx_int8 import import_onnx, parse_shapes
 
         if args.batch is not None or args.image is not None:
             raise ValueError("--batch and --image do not apply to an .onnx model (its input shape is "
                              "the model's, or --shape NAME=1x3x224x224)")
-        return import_onnx(args.workload, parse_shapes(getattr(args, "shape", [])), seed=args.seed,
-                           log=log).workload
+        stat = os.stat(args.workload)
+        key = (os.path.abspath(args.workload), stat.st_mtime_ns, stat.st_size, tuple(getattr(args, "shape", [])),
+               layout, args.target, args.seed)
+        if key not in _IMPORTED:
+            _IMPORTED[key] = import_onnx(args.workload, parse_shapes(getattr(args, "shape", [])), layout=layout,
+                                         target=resolve_target(args.target), seed=args.seed, log=log)
+        return _IMPORTED[key].workload
     log(f"building {args.workload} {workload_options(args)} ...")
     return workloads.get(args.workload, **workload_options(args))
 

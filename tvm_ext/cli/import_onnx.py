@@ -20,8 +20,10 @@ def add_parser(sub) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="static shape of an input (needed where the model's is dynamic)")
     p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc"),
-                   help="activation layout of the integer module (default auto: nhwc; the packed "
-                        "nchwc layout is not available for imported models yet)")
+                   help="activation layout of the integer module: nhwc, or nchwc, the packed "
+                        "NCHW[x]c layout the VNNI / AVX2 int8 rules tensorize (output channels in "
+                        "multiples of 16, plain or depthwise convs); default auto: nchwc where it "
+                        "tensorizes on --target (VNNI; AVX2 with 7-bit weights), else nhwc")
     p.add_argument("--target", default="llvm", help="target of the check build (default llvm: this CPU)")
     p.add_argument("--images", type=int, default=3, help="random inputs compared with ORT (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")

@@ -67,8 +67,7 @@ def run(args) -> int:
     if args.build_only:
         return run_build_only(args, target)
     runner = tuning.make_runner(args.rpc_tracker, args.rpc_key)
-    work_dir = args.work_dir or tuning.default_work_dir(workload_key(args.workload), target, args.ruleset,
-                                                        root=WORK_ROOT)
+    work_dir = args.work_dir or tuning.default_work_dir(workload_key(args), target, args.ruleset, root=WORK_ROOT)
     fresh = not _nonempty(work_dir)
     if not fresh:
         tuning.read_meta(work_dir)  # refuse a directory that is not a database before building
@@ -171,7 +170,8 @@ def start_from_committed(args, target, work_dir: str, options: dict) -> None:
     from tvm_ext import tune as tuning
     from tvm_ext.targets import target_mismatch
 
-    committed = tuning.default_work_dir(workload_key(args.workload), target, args.ruleset, root=COMMITTED_ROOT)
+    key = workload_key(args)
+    committed = tuning.default_work_dir(key, target, args.ruleset, root=COMMITTED_ROOT)
     if not _nonempty(committed):
         return
     try:

@@ -15,7 +15,9 @@ builder gives the exact expected output of the compiled module.
   QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat.
 
 The module keeps the model's signature: float32 NCHW in, float32 out. Inside, activations
-are NHWC uint8 (int8 tensors shifted by 128), weights int8 HWIO. How the rounding differs
+are NHWC uint8 (int8 tensors shifted by 128), weights int8 HWIO; with ``layout="nchwc"`` the
+same graph is emitted in the packed layouts (``tvm_ext.workloads.qnn_packed``), bit for bit the
+same outputs. How the rounding differs
 from ORT's: see :mod:`.qvalues`.
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from tvm_ext.workloads.base import Workload
 from tvm_ext.workloads.qnn import QuantGraph
+from tvm_ext.workloads.qnn_packed import PackedEmitter
 
 from . import onnx_nodes
 from .qvalues import Steps, View
@@ -55,12 +58,14 @@ class Imported:
     params: int  # weight elements
 
 
-def workload_name(path: str, digest: str | None = None) -> str:
-    """``onnx-<file stem>-<first 12 hex digits of the file's sha256>``."""
+def workload_name(path: str, digest: str | None = None, layout: str = "nhwc") -> str:
+    """``onnx-<file stem>-<first 12 hex digits of the file's sha256>``, ``-nchwc`` appended
+    for the packed layout (its own tasks, so its own databases)."""
     if digest is None:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-    return f"onnx-{os.path.splitext(os.path.basename(path))[0]}-{digest[:12]}"
+    suffix = "-nchwc" if layout == "nchwc" else ""
+    return f"onnx-{os.path.splitext(os.path.basename(path))[0]}-{digest[:12]}{suffix}"
 
 
 def load(path: str):
@@ -148,29 +153,50 @@ def input_shape(model, shapes: dict | None) -> tuple[str, tuple]:
     return inp.name, shape
 
 
-def resolve_layout(layout: str, target=None) -> str:  # pylint: disable=unused-argument
-    """The activation layout of the integer module. ``auto`` is meant to pick the packed
-    NCHW[x]c layout (``qnn_packed.PackedEmitter``) where ``vnni_intrin_name(target)`` is
-    set, but the packed emitter does not take imported graphs yet (their float
-    quantize/dequantize edges, depthwise and grouped convs, explicit pads), so ``auto`` is
-    ``nhwc`` and ``nchwc`` is refused with a clear message."""
+def check_layout(layout: str) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
-    if layout == "nchwc":
-        raise ValueError("layout nchwc is not available for imported models yet (use nhwc or auto)")
-    return "nhwc"
+    return layout
+
+
+def emit(graph: QuantGraph, layout: str, target=None):
+    """(Relax module, layout) of ``graph``: ``nhwc`` is the recorded graph as it is;
+    ``nchwc`` the packed NCHW[x]c layouts of ``qnn_packed.PackedEmitter``, which the u8 x s8
+    tensorization rule matches (ValueError, one line, for a graph it cannot lay out: output
+    channels not in multiples of 16, grouped convs that are not depthwise). ``auto`` is
+    ``nchwc`` where it tensorizes on ``target`` (default: this host): with VNNI, or with AVX2
+    when every conv/dense weight fits ``vpmaddubsw``'s int16 pair sums (``pairs_fit_int16``:
+    7-bit weights, as ORT's ``reduce_range`` makes on such hosts); else ``nhwc``."""
+    if check_layout(layout) == "nhwc":
+        return graph.to_relax(), "nhwc"
+    packed = PackedEmitter()
+    try:
+        mod = graph.to_relax(emitter=packed)
+    except ValueError:
+        if layout == "nchwc":
+            raise
+        return graph.to_relax(), "nhwc"
+    if layout == "auto" and not _packed_tensorizes(packed, target):
+        return graph.to_relax(), "nhwc"
+    return mod, "nchwc"
+
+
+def _packed_tensorizes(packed: PackedEmitter, target) -> bool:
+    from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name  # pylint: disable=import-outside-toplevel
+    from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
+
+    intrin = u8s8_intrin_name(target if target is not None else host_target())
+    return intrin is not None and (intrin != AVX2_INTRIN or packed.unfit == 0)
 
 
 def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", target=None,
                 seed: int = 0, log=None) -> Imported:
     """Import the int8 ONNX model at ``path`` (see the module doc); ``log`` is told once the
-    file passed every check (so that bad input gets its one line only)."""
+    model is imported (a few seconds for ResNet-50), so that bad input gets its one line only."""
     model, digest = load(path)
     ops = check_supported(model)
     name, shape = input_shape(model, shapes)
-    layout = resolve_layout(layout, target)
-    if log:
-        log(f"importing {path} ({len(model.graph.node)} nodes, input {name} {'x'.join(map(str, shape))}) ...")
+    check_layout(layout)
     sample = np.random.RandomState(seed).randn(*shape).astype(np.float32)
     graph = QuantGraph(seed)
     conv = onnx_nodes.Converter(Steps(graph), model, name, sample)
@@ -181,8 +207,12 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
     steps.output(out)
     n_in = len(graph.input_specs)
     layers = {k: (v.value.index, v.signed) for k, v in steps.layers.items() if v.value.index >= n_in}
+    mod, layout = emit(graph, layout, target)
     options = {"onnx": os.path.basename(path), "sha256": digest, "input_shape": list(shape), "layout": layout}
-    wl = Workload(workload_name(path, digest), graph.to_relax(), [sample], graph, exact=True, options=options)
+    wl = Workload(workload_name(path, digest, layout), mod, [sample], graph, exact=True, options=options)
+    if log:
+        log(f"imported {path} ({len(model.graph.node)} nodes -> {len(graph.steps)} steps, input {name} "
+            f"{'x'.join(map(str, shape))}, layout {layout})")
     # what an ORT peer needs to run the same file (bench --peers ort); not part of the options,
     # so that a database follows the file's content, not where it lies
     wl.onnx_source = {"path": os.path.abspath(path), "input": name, "output": model.graph.output[0].name,
@@ -192,4 +222,4 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
                     layers, layout, digest, params)
 
 
-__all__ = ["Imported", "import_onnx", "workload_name", "parse_shapes", "load", "check_supported", "input_shape", "resolve_layout"]
+__all__ = ["Imported", "import_onnx", "workload_name", "parse_shapes", "load", "check_supported", "input_shape", "check_layout", "emit"]

@@ -30,7 +30,8 @@ import numpy as np
 from tvm import relax, te, tirx
 
 from . import qnn
-from .qnn_vnni import OC_BLOCK, channel_block, conv2d_nchwc_acc, dense_acc, pack_conv_weight, pack_dense_weight
+from .qnn_vnni import (OC_BLOCK, channel_block, conv2d_nchwc_acc, dense_acc, depthwise_nchwc_acc, pack_conv_weight,
+                       pack_dense_weight, pack_depthwise_weight, pairs_fit_int16)
 
 NCHWC_SPATIAL = (2, 3)  # H and W of (N, C/cb, H, W, cb)
 NCHWC_CHANNELS = (1, 4)  # channel = index[1] * cb + index[4]
@@ -40,7 +41,9 @@ NCHWC_CHANNELS = (1, 4)  # channel = index[1] * cb + index[4]
 class Packed:
     """A Relax value of the packed emission and its layout.
 
-    ``cb``: the channel block of an NCHW[cb]c tensor, or None for a flat ``(N, C)`` one.
+    ``cb``: the channel block of an NCHW[cb]c tensor, or None for a flat ``(N, C)`` one;
+    ``channels`` the graph's, the tensor's rounded up to whole blocks (weights of the padded
+    channels are zero, so they never reach a real channel).
     ``width``: the flat tensor's last extent, ``channels`` rounded up to 16 after a
     packed dense (the padding rows are dropped at the output).
     """
@@ -61,9 +64,24 @@ class Packed:
         if not self.cb:
             pad = (self.width or c) - c
             return np.pad(const, [(0, 0)] * (const.ndim - 1) + [(0, pad)]) if pad else const
-        assert c == self.channels and c % self.cb == 0, (const.shape, self.channels, self.cb)
-        shape = (c // self.cb, self.cb) if const.ndim == 1 else (1, c // self.cb, 1, 1, self.cb)
+        assert c == self.channels, (const.shape, self.channels, self.cb)
+        padded = self.blocks * self.cb  # padded channels get 0: their (unused) outputs are zp_out
+        if padded != c:
+            const = np.pad(const, [(0, 0)] * (const.ndim - 1) + [(0, padded - c)])
+        shape = (self.blocks, self.cb) if const.ndim == 1 else (1, self.blocks, 1, 1, self.cb)
         return np.ascontiguousarray(const.reshape(shape))
+
+    @property
+    def blocks(self) -> int:
+        """Channel blocks of an NCHW[cb]c tensor (the last one zero-padded when ``cb`` does
+        not divide ``channels``)."""
+        return -(-self.channels // self.cb)
+
+
+def _pad_last(a: np.ndarray, size: int) -> np.ndarray:
+    """``a`` zero-padded along its last axis to ``size``."""
+    pad = size - a.shape[-1]
+    return np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)]) if pad else a
 
 
 def _shape(var) -> list[int]:
@@ -84,32 +102,64 @@ def pack_input(data: te.Tensor, *, cb: int) -> te.Tensor:
 
 
 class PackedEmitter:
-    """Emits the steps of a QuantGraph on packed tensors (see the module doc)."""
+    """Emits the steps of a QuantGraph on packed tensors (see the module doc). ``unfit``
+    counts the convs and denses whose weights do not pass ``pairs_fit_int16`` (no AVX2 form)."""
+
+    def __init__(self):
+        self.unfit = 0
+
+    def _fits(self, weight) -> bool:
+        fits = pairs_fit_int16(weight)
+        self.unfit += not fits
+        return fits
 
     def input(self, bb, var) -> Packed:
-        c = _shape(var)[-1]
-        cb = channel_block(c)
-        return Packed(bb.emit_te(pack_input, var, cb=cb, primfunc_name_hint="layout_nchwc"), c, cb)
+        """A uint8 NHWC input is packed here; a float input (an imported model's) is kept
+        for its ``quantize`` step."""
+        shape = _shape(var)
+        if str(var.ty.dtype) != "uint8":
+            return Packed(var, shape[1] if len(shape) == 4 else shape[-1], None)
+        cb = channel_block(shape[-1])
+        return Packed(bb.emit_te(pack_input, var, cb=cb, primfunc_name_hint="layout_nchwc"), shape[-1], cb)
 
     def step(self, bb, step, args) -> Packed:
-        return getattr(self, f"_{step.op}")(bb, *args, *step.consts, **step.attrs)
+        method = getattr(self, f"_{step.op}", None)
+        if method is None:
+            raise ValueError(f"layout nchwc does not take {step.op} steps ({step.name}) yet; use layout nhwc")
+        return method(bb, *args, *step.consts, **step.attrs)
 
     def output(self, bb, value: Packed):
-        assert not value.cb, "the network ends on a flat tensor"
+        if value.cb:
+            raise ValueError("layout nchwc needs a network that ends on a flat (N, C) tensor; use layout nhwc")
         if value.width in (None, value.channels):
             return value.var
         return bb.emit(relax.op.strided_slice(value.var, axes=[1], begin=[0], end=[value.channels]))
 
     # -- one method per op of qnn, same arguments with Packed activations -------------------
-    def _conv2d_nhwc(self, bb, x: Packed, w_hwio, *, stride, pad, zp_in) -> Packed:
-        weight = pack_conv_weight(w_hwio.transpose(3, 0, 1, 2), x.cb)  # HWIO -> OHWI -> packed
-        acc = bb.emit_te(conv2d_nchwc_acc, x.var, relax.const(weight), stride=stride, pad=pad,
-                         zp_x=zp_in, primfunc_name_hint="conv2d_nchwc")
-        return Packed(acc, int(w_hwio.shape[3]), OC_BLOCK)
+    def _quantize(self, bb, x: Packed, scale, **attrs) -> Packed:
+        """float NCHW (an imported model's input) -> uint8 NHWC (qnn.quantize) -> NCHW[cb]c."""
+        q = bb.emit_te(qnn.quantize, x.var, relax.const(scale), **attrs, primfunc_name_hint="quantize")
+        return self.input(bb, q) if len(_shape(q)) == 4 else Packed(q, x.channels, None)
 
-    def _requantize(self, bb, acc: Packed, *consts, zp_out) -> Packed:
+    def _conv2d_nhwc(self, bb, x: Packed, w_hwio, *, stride, pad, zp_in, groups=1) -> Packed:
+        kh, kw, cin, cout = w_hwio.shape
+        if groups != 1:
+            if not (groups == cout == x.channels and cin == 1):
+                raise ValueError(f"layout nchwc takes depthwise convs (groups = channels), not groups={groups} "
+                                 f"with {x.channels} -> {cout} channels; use layout nhwc")
+            weight = pack_depthwise_weight(_pad_last(w_hwio, x.blocks * x.cb), x.cb)
+            acc = bb.emit_te(depthwise_nchwc_acc, x.var, relax.const(weight), stride=stride, pad=pad, zp_x=zp_in,
+                             primfunc_name_hint="depthwise_nchwc")
+            return Packed(acc, cout, x.cb)
+        # output channels padded to whole 16-lane blocks with zero weights
+        weight = pack_conv_weight(_pad_last(w_hwio, -(-cout // OC_BLOCK) * OC_BLOCK).transpose(3, 0, 1, 2), x.cb)
+        acc = bb.emit_te(conv2d_nchwc_acc, x.var, relax.const(weight), stride=stride, pad=pad,
+                         zp_x=zp_in, pairs_fit=self._fits(weight), primfunc_name_hint="conv2d_nchwc")
+        return Packed(acc, int(cout), OC_BLOCK)
+
+    def _requantize(self, bb, acc: Packed, *consts, zp_out, **attrs) -> Packed:
         consts = [relax.const(acc.per_channel(c)) for c in consts]
-        out = bb.emit_te(qnn.requantize, acc.var, *consts, zp_out=zp_out, channel_axes=acc.channel_axes,
+        out = bb.emit_te(qnn.requantize, acc.var, *consts, zp_out=zp_out, **attrs, channel_axes=acc.channel_axes,
                          primfunc_name_hint="requantize")
         return replace(acc, var=out)
 
@@ -131,12 +181,29 @@ class PackedEmitter:
         assert blocks * cb == x.channels, "padded channels would be flattened into the classifier"
         return Packed(bb.emit(relax.op.reshape(pooled, (n, x.channels))), x.channels, None)
 
+    def _flatten(self, bb, x: Packed) -> Packed:
+        """NCHW-order flatten of a 1x1 map (after a global pool): the channel order of
+        NCHW[cb]c is already C's; padded channels are kept as the flat tensor's ``width``."""
+        n, blocks, h, w, cb = _shape(x.var)
+        if (h, w) != (1, 1):
+            raise ValueError(f"layout nchwc flattens 1x1 maps only, not {h}x{w}; use layout nhwc")
+        return Packed(bb.emit(relax.op.reshape(x.var, (n, blocks * cb))), x.channels, None, blocks * cb)
+
     def _dense(self, bb, x: Packed, w_nk) -> Packed:
         assert not x.cb, "dense takes a flat (N, K) tensor"
-        # all packed rows, so that the 16 output lanes of VNNI tile the units evenly
-        weight = pack_dense_weight(w_nk)
-        acc = bb.emit_te(dense_acc, x.var, relax.const(weight), primfunc_name_hint="dense_packed")
+        # all packed rows, so that the 16 output lanes of VNNI tile the units evenly; inputs
+        # padded by a flatten of padded channels get zero weights
+        weight = pack_dense_weight(_pad_last(w_nk, x.width or w_nk.shape[1]))
+        acc = bb.emit_te(dense_acc, x.var, relax.const(weight), pairs_fit=self._fits(weight),
+                         primfunc_name_hint="dense_packed")
         return Packed(acc, int(w_nk.shape[0]), None, weight.shape[0] * OC_BLOCK)
+
+    def _dequantize(self, bb, x: Packed, scale, **attrs) -> Packed:
+        """uint8 (N, width) -> float32 (padded classes are sliced off by ``output``)."""
+        if x.cb:
+            raise ValueError("layout nchwc dequantizes flat (N, C) outputs only; use layout nhwc")
+        return replace(x, var=bb.emit_te(qnn.dequantize, x.var, relax.const(scale), **attrs,
+                                         primfunc_name_hint="dequantize"))
 
 
 def to_relax(graph: qnn.QuantGraph, fused: bool = True):

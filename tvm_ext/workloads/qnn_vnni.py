@@ -24,6 +24,10 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
+from tvm_ext.intrinsics.vnni import PAIRS_FIT_INT16_ATTR
+
+from .qnn import _pads, _pair
+
 OC_BLOCK = 16  # lanes of one vpdpbusd (512-bit) = output channels per weight block
 K_BLOCK = 4  # uint8 x int8 pairs summed per lane
 
@@ -75,30 +79,58 @@ def pack_dense_weight(w_nk: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- TE
-def conv2d_nchwc_acc(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, pad: int = 0,
-                     zp_x: int = 0) -> te.Tensor:
+def pairs_fit_int16(weight: np.ndarray) -> bool:
+    """Whether every pair of adjacent input-channel weights of a packed ``(.., 16, 4)``
+    weight has ``255 * (|w0| + |w1|) <= 32767``: then ``vpmaddubsw``'s saturating int16
+    pair sums are exact for any uint8 activation (see ``PAIRS_FIT_INT16_ATTR``)."""
+    w = np.abs(np.asarray(weight, np.int32)).reshape(-1, 2)
+    return bool(255 * int(w.sum(axis=1).max(initial=0)) <= 32767)
+
+
+def _attrs(pairs_fit: bool) -> dict:
+    return {PAIRS_FIT_INT16_ATTR: 1} if pairs_fit else {}
+
+
+def _pad_nchwc(data: te.Tensor, pads, zp_x: int) -> te.Tensor:
+    """``data`` (N, C/cb, H, W, cb) padded on H and W with ``zp_x`` (pads (top, left,
+    bottom, right)), so that a conv's zero-point term is the same at the borders."""
+    n, icb, h, w, cb = (int(d) for d in data.shape)
+    top, left, bottom, right = pads
+    if not any(pads):
+        return data
+    return te.compute(
+        (n, icb, h + top + bottom, w + left + right, cb),
+        lambda b, c, y, x, ci: tirx.if_then_else(
+            tirx.all(y >= top, y < h + top, x >= left, x < w + left),
+            data[b, c, y - top, x - left, ci],
+            tirx.const(zp_x, "uint8"),
+        ),
+        name="pad",
+    )
+
+
+def _out_hw(data, kh, kw, stride, pads):
+    h, w = (int(d) for d in data.shape[2:4])
+    (sh, sw), (top, left, bottom, right) = stride, pads
+    return (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
+
+
+def conv2d_nchwc_acc(data: te.Tensor, weight: te.Tensor, *, stride=1, pad=0,
+                     zp_x: int = 0, pairs_fit: bool = False) -> te.Tensor:
     """int32 accumulator of a packed uint8 x int8 conv2d (no epilogue).
 
     data (N, C/cb, H, W, cb) u8, padded with ``zp_x``; weight
     (O/16, C/cb, KH, KW, cb/4, 16, 4) i8; returns (N, O/16, OH, OW, 16) i32.
+    ``stride``: int or (h, w); ``pad``: int or (top, left, bottom, right).
+    ``pairs_fit``: the weights pass ``pairs_fit_int16`` (annotates the block so that the
+    AVX2 form of the 16x4 product may be used).
     """
-    n, icb, h, w, cb = (int(d) for d in data.shape)
+    n, icb, _, _, cb = (int(d) for d in data.shape)
     ocb, _, kh, kw = (int(d) for d in weight.shape[:4])
     assert cb % K_BLOCK == 0 and tuple(int(d) for d in weight.shape[4:]) == (cb // K_BLOCK, OC_BLOCK, K_BLOCK)
-    oh = (h + 2 * pad - kh) // stride + 1
-    ow = (w + 2 * pad - kw) // stride + 1
-    if pad:
-        padded = te.compute(
-            (n, icb, h + 2 * pad, w + 2 * pad, cb),
-            lambda b, c, y, x, ci: tirx.if_then_else(
-                tirx.all(y >= pad, y < h + pad, x >= pad, x < w + pad),
-                data[b, c, y - pad, x - pad, ci],
-                tirx.const(zp_x, "uint8"),
-            ),
-            name="pad",
-        )
-    else:
-        padded = data
+    (sh, sw), pads = _pair(stride), _pads(pad)
+    oh, ow = _out_hw(data, kh, kw, (sh, sw), pads)
+    padded = _pad_nchwc(data, pads, zp_x)
     ric = te.reduce_axis((0, icb), name="ic")
     rkh = te.reduce_axis((0, kh), name="kh")
     rkw = te.reduce_axis((0, kw), name="kw")
@@ -107,16 +139,47 @@ def conv2d_nchwc_acc(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, pad
     return te.compute(
         (n, ocb, oh, ow, OC_BLOCK),
         lambda b, oc, y, x, oci: te.sum(
-            padded[b, ric, y * stride + rkh, x * stride + rkw, ric4 * K_BLOCK + rici].astype("int32")
+            padded[b, ric, y * sh + rkh, x * sw + rkw, ric4 * K_BLOCK + rici].astype("int32")
             * weight[oc, ric, rkh, rkw, ric4, oci, rici].astype("int32"),
             axis=[ric, rkh, rkw, ric4, rici],
         ),
         name="conv2d_nchwc_int8",
+        attrs=_attrs(pairs_fit),
     )
 
 
-def dense_acc(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
-    """int32 accumulator of uint8 (M, K) data x packed int8 (N/16, K/4, 16, 4) weight: (M, N)."""
+def pack_depthwise_weight(w_hwio: np.ndarray, cb: int) -> np.ndarray:
+    """Depthwise HWIO ``(KH, KW, 1, C)`` int8 -> ``(C/cb, KH, KW, cb)``."""
+    kh, kw, one, c = w_hwio.shape
+    assert one == 1 and c % cb == 0, (w_hwio.shape, cb)
+    return np.ascontiguousarray(w_hwio.reshape(kh, kw, c // cb, cb).transpose(2, 0, 1, 3))
+
+
+def depthwise_nchwc_acc(data: te.Tensor, weight: te.Tensor, *, stride=1, pad=0, zp_x: int = 0) -> te.Tensor:
+    """int32 accumulator of a depthwise conv on NCHW[cb]c uint8 data: weight
+    ``(C/cb, KH, KW, cb)`` int8 (``pack_depthwise_weight``); returns (N, C/cb, OH, OW, cb).
+    No dot product to tensorize (one input channel per output): the channel block is the
+    vector."""
+    n, icb, _, _, cb = (int(d) for d in data.shape)
+    kh, kw = (int(d) for d in weight.shape[1:3])
+    (sh, sw), pads = _pair(stride), _pads(pad)
+    oh, ow = _out_hw(data, kh, kw, (sh, sw), pads)
+    padded = _pad_nchwc(data, pads, zp_x)
+    rkh = te.reduce_axis((0, kh), name="kh")
+    rkw = te.reduce_axis((0, kw), name="kw")
+    return te.compute(
+        (n, icb, oh, ow, cb),
+        lambda b, c, y, x, ci: te.sum(
+            padded[b, c, y * sh + rkh, x * sw + rkw, ci].astype("int32") * weight[c, rkh, rkw, ci].astype("int32"),
+            axis=[rkh, rkw],
+        ),
+        name="depthwise_nchwc_int8",
+    )
+
+
+def dense_acc(data: te.Tensor, weight: te.Tensor, *, pairs_fit: bool = False) -> te.Tensor:
+    """int32 accumulator of uint8 (M, K) data x packed int8 (N/16, K/4, 16, 4) weight: (M, N)
+    (``pairs_fit`` as for ``conv2d_nchwc_acc``)."""
     m, k = (int(d) for d in data.shape)
     n = int(weight.shape[0]) * OC_BLOCK
     assert tuple(int(d) for d in weight.shape[1:]) == (k // K_BLOCK, OC_BLOCK, K_BLOCK), (data.shape, weight.shape)
@@ -129,6 +192,7 @@ def dense_acc(data: te.Tensor, weight: te.Tensor) -> te.Tensor:
             axis=rk,
         ),
         name="dense_int8",
+        attrs=_attrs(pairs_fit),
     )
 
 
@@ -141,5 +205,8 @@ __all__ = [
     "pack_conv_weight",
     "pack_dense_weight",
     "conv2d_nchwc_acc",
+    "depthwise_nchwc_acc",
+    "pack_depthwise_weight",
+    "pairs_fit_int16",
     "dense_acc",
 ]
