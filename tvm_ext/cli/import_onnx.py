@@ -21,8 +21,8 @@ def add_parser(sub) -> None:
                    help="static shape of an input (needed where the model's is dynamic)")
     p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc"),
                    help="activation layout of the integer module: nhwc, or nchwc, the packed "
-                        "NCHW[x]c layout the VNNI / AVX2 int8 rules tensorize (output channels in "
-                        "multiples of 16, plain or depthwise convs); default auto: nchwc where it "
+                        "NCHW[x]c layout the VNNI / AVX2 int8 rules tensorize (plain or depthwise convs, no "
+                        "concat); default auto: nchwc where it "
                         "tensorizes on --target (VNNI; AVX2 with 7-bit weights), else nhwc")
     p.add_argument("--target", default="llvm", help="target of the check build (default llvm: this CPU)")
     p.add_argument("--images", type=int, default=3, help="random inputs compared with ORT (default 3)")

@@ -162,8 +162,8 @@ def check_layout(layout: str) -> str:
 def emit(graph: QuantGraph, layout: str, target=None):
     """(Relax module, layout) of ``graph``: ``nhwc`` is the recorded graph as it is;
     ``nchwc`` the packed NCHW[x]c layouts of ``qnn_packed.PackedEmitter``, which the u8 x s8
-    tensorization rule matches (ValueError, one line, for a graph it cannot lay out: output
-    channels not in multiples of 16, grouped convs that are not depthwise). ``auto`` is
+    tensorization rule matches (ValueError, one line, for a graph it cannot lay out: grouped
+    convs that are not depthwise, concat or rescale steps, an output that is not flat). ``auto`` is
     ``nchwc`` where it tensorizes on ``target`` (default: this host): with VNNI, or with AVX2
     when every conv/dense weight fits ``vpmaddubsw``'s int16 pair sums (``pairs_fit_int16``:
     7-bit weights, as ORT's ``reduce_range`` makes on such hosts); else ``nhwc``."""

@@ -21,6 +21,15 @@ parameters, hence the same NumPy reference, bit for bit -- in the layouts of
   channel order; the classifier is the packed dense (weights ``(ceil(N/16), K/4, 16, 4)``):
   its 1000 classes are computed as 1008 (8 zero rows, so that the 16 VNNI lanes tile
   them), requantized, and sliced back to 1000 at the output, in the same fused task.
+
+Imported ONNX models (``tvm_ext.frontend.onnx_int8``, ``layout="nchwc"``) bring more: a float
+NCHW input quantized and then packed, a dequantized float output, asymmetric pads and strides,
+depthwise convs (``depthwise_nchwc_acc``, no dot product to tensorize), a flatten of the pooled
+1x1 map, and channel counts that 16 does not divide (the last block zero-padded, with zero
+weights and constants, so padded channels never reach a real one). Convs and denses whose weights
+pass ``pairs_fit_int16`` are annotated for the AVX2 form of the intrinsic; ``unfit`` counts the
+others. Steps it cannot lay out (grouped convs that are not depthwise, concat, rescale) are
+refused with one line.
 """
 from __future__ import annotations
 
@@ -142,7 +151,7 @@ class PackedEmitter:
         return self.input(bb, q) if len(_shape(q)) == 4 else Packed(q, x.channels, None)
 
     def _conv2d_nhwc(self, bb, x: Packed, w_hwio, *, stride, pad, zp_in, groups=1) -> Packed:
-        kh, kw, cin, cout = w_hwio.shape
+        *_, cin, cout = w_hwio.shape
         if groups != 1:
             if not (groups == cout == x.channels and cin == 1):
                 raise ValueError(f"layout nchwc takes depthwise convs (groups = channels), not groups={groups} "
