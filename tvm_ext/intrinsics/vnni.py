@@ -38,10 +38,10 @@ AVX2_INTRIN = "tvm_ext.dot_16x4_avx2"
 # and 2-3 of each 4-byte group) has 255 * (|w0| + |w1|) <= 32767: vpmaddubsw's saturating
 # int16 pair sums are then exact, so the AVX2 form of the 16x4 product may be used.
 PAIRS_FIT_INT16_ATTR = "tvm_ext.u8s8_pairs_fit_int16"
-# The LLVM intrinsics of the u8 x s8 products (also used by workloads/q4_int8.py)
+# The LLVM intrinsics of the AVX2 u8 x s8 products (also used by workloads/q4_int8.py, as is
+# ``vpdpbusd``)
 MADDUBS = "llvm.x86.avx2.pmadd.ub.sw"  # 32 u8 x s8 -> 16 int16 (adjacent pairs, saturating)
 MADDWD = "llvm.x86.avx2.pmadd.wd"  # 16 x 16 int16 -> 8 int32 (adjacent pairs)
-VPDPBUSD_256 = "llvm.x86.avx512.vpdpbusd.256"  # the VEX (AVX-VNNI) form too
 
 
 # LLVM 21+ declares vpdpbusd on byte vectors, e.g. llvm.x86.avx512.vpdpbusd.512(<16 x i32>,
@@ -71,18 +71,25 @@ def _dot_16x4_desc(
 
 
 def _vpdpbusd(instr_lanes: int, byte_operands: bool):
-    """acc + a . b on ``instr_lanes`` int32 lanes as one vpdpbusd (see ``_make_impl``)."""
+    """``update(acc, a, b)``: acc + per int32 lane the 4 products of unsigned ``a`` and signed
+    ``b`` bytes, as one vpdpbusd of ``instr_lanes`` lanes; ``a`` and ``b`` any vectors of
+    4 * instr_lanes bytes (reinterpreted as this LLVM declares the operands)."""
     name = f"llvm.x86.avx512.vpdpbusd.{instr_lanes * 32}"
     acc_t, u8_t = f"int32x{instr_lanes}", f"uint8x{4 * instr_lanes}"
 
-    def update(acc, a4, b_bytes):
+    def update(acc, a, b_bytes):
         if not byte_operands:  # older LLVM: the byte operands as int32 vectors
-            return T.call_llvm_pure_intrin(acc_t, T.llvm_lookup_intrinsic_id(name), acc, a4,
-                                           tirx.reinterpret(acc_t, b_bytes))
+            return T.call_llvm_pure_intrin(acc_t, T.llvm_lookup_intrinsic_id(name), acc,
+                                           tirx.reinterpret(acc_t, a), tirx.reinterpret(acc_t, b_bytes))
         return T.call_llvm_pure_intrin(acc_t, T.llvm_lookup_intrinsic_id(name), acc,
-                                       tirx.reinterpret(u8_t, a4), b_bytes)
+                                       tirx.reinterpret(u8_t, a), b_bytes)
 
     return update
+
+
+def vpdpbusd(instr_lanes: int):
+    """``_vpdpbusd`` in the operand style of this LLVM (probed once by compiling)."""
+    return _vpdpbusd(instr_lanes, _operand_style())
 
 
 def _pmadd(acc, a4, b_bytes):
@@ -146,12 +153,12 @@ def _register(name: str, instr_lanes: int, update) -> str:
 
 def avx512_vnni_intrin() -> str:
     """Register (once) and name the 16x4 intrinsic as one 512-bit vpdpbusd."""
-    return _register(AVX512_VNNI_INTRIN, 16, lambda: _vpdpbusd(16, _operand_style()))
+    return _register(AVX512_VNNI_INTRIN, 16, lambda: vpdpbusd(16))
 
 
 def avx_vnni_intrin() -> str:
     """Register (once) and name the 16x4 intrinsic as two 256-bit (VEX) vpdpbusd."""
-    return _register(AVX_VNNI_INTRIN, 8, lambda: _vpdpbusd(8, _operand_style()))
+    return _register(AVX_VNNI_INTRIN, 8, lambda: vpdpbusd(8))
 
 
 def avx2_intrin() -> str:

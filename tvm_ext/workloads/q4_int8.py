@@ -37,7 +37,7 @@ import math
 
 import numpy as np
 
-from tvm_ext.intrinsics.vnni import MADDUBS, MADDWD, VPDPBUSD_256 as VPDPBUSD
+from tvm_ext.intrinsics.vnni import MADDUBS, MADDWD, vpdpbusd
 
 GROUP = 32  # inputs per scale (activation and weight)
 BLOCK = 64  # inputs per 256-bit step: 8 packed words, 32 bytes
@@ -149,13 +149,6 @@ def q4_int8_gemv(n: int, k: int, scale_dtype: str = "float16", epilogue: str = "
     def maddubs(a, b):
         return T.call_llvm_pure_intrin("int16x16", T.llvm_lookup_intrinsic_id(MADDUBS), a, b)
 
-    def dpbusd(acc, a, b):  # acc + per int32 lane the 4 products of unsigned a and signed b bytes
-        from tvm_ext.intrinsics.vnni import _operand_style  # pylint: disable=import-outside-toplevel
-
-        if not _operand_style():  # older LLVM: the byte operands as int32 vectors
-            a, b = T.reinterpret("int32x8", a), T.reinterpret("int32x8", b)
-        return T.call_llvm_pure_intrin("int32x8", T.llvm_lookup_intrinsic_id(VPDPBUSD), acc, a, b)
-
     def block_sum(xq, corr, x_scale, packed, ws, row, b, j):
         """The 8 float lanes block ``b`` (the ``j``-th of its step, weight scales ``ws``)
         adds to its row: one expression (a name bound inside the kernel gets a buffer)."""
@@ -163,7 +156,8 @@ def q4_int8_gemv(n: int, k: int, scale_dtype: str = "float16", epilogue: str = "
         lo = T.reinterpret("int8x32", T.bitwise_and(w, mask))
         hi = T.reinterpret("int8x32", T.bitwise_and(T.shift_right(w, four), mask))
         xe, xo = xq[T.ramp(b * BLOCK, 1, 32)], xq[T.ramp(b * BLOCK + 32, 1, 32)]
-        if isa == "vnni":
+        if isa == "vnni":  # 256-bit vpdpbusd (probed operand style: only built when asked for)
+            dpbusd = vpdpbusd(8)
             s32 = dpbusd(dpbusd(corr[T.ramp(b * 8, 1, 8)], lo, xe), hi, xo)
         else:
             s16 = maddubs(lo, xe) + maddubs(hi, xo)
