@@ -167,7 +167,12 @@ def emit(graph: QuantGraph, layout: str, target=None):
     ``nchwc`` where it tensorizes on ``target`` (default: this host): with VNNI, or with AVX2
     when every conv/dense weight fits ``vpmaddubsw``'s int16 pair sums (``pairs_fit_int16``:
     7-bit weights, as ORT's ``reduce_range`` makes on such hosts); else ``nhwc``."""
-    if check_layout(layout) == "nhwc":
+    from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name  # pylint: disable=import-outside-toplevel
+    from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
+
+    check_layout(layout)
+    intrin = u8s8_intrin_name(target if target is not None else host_target()) if layout == "auto" else None
+    if layout == "nhwc" or (layout == "auto" and intrin is None):  # auto: nothing would tensorize
         return graph.to_relax(), "nhwc"
     packed = PackedEmitter()
     try:
@@ -176,17 +181,9 @@ def emit(graph: QuantGraph, layout: str, target=None):
         if layout == "nchwc":
             raise
         return graph.to_relax(), "nhwc"
-    if layout == "auto" and not _packed_tensorizes(packed, target):
+    if layout == "auto" and intrin == AVX2_INTRIN and packed.unfit:  # some weights cannot use the AVX2 form
         return graph.to_relax(), "nhwc"
     return mod, "nchwc"
-
-
-def _packed_tensorizes(packed: PackedEmitter, target) -> bool:
-    from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name  # pylint: disable=import-outside-toplevel
-    from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
-
-    intrin = u8s8_intrin_name(target if target is not None else host_target())
-    return intrin is not None and (intrin != AVX2_INTRIN or packed.unfit == 0)
 
 
 def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", target=None,
