@@ -92,7 +92,7 @@ def operands_packed(block) -> bool:
     return _unit_step(a_last, byte) and _unit_step(out_last, lane)
 
 
-def pairs_fit_int16(block) -> bool:
+def annotated_pairs_fit(block) -> bool:
     """Whether ``block`` carries a truthy ``PAIRS_FIT_INT16_ATTR`` (its weight pairs fit
     vpmaddubsw's int16 sums, so the AVX2 form is exact)."""
     value = block.annotations.get(PAIRS_FIT_INT16_ATTR)
@@ -214,7 +214,7 @@ class VNNITensorize(PyScheduleRule):
 
     def apply(self, sch, block):
         stmt = sch.get(block)
-        if self.intrin_name == AVX2_INTRIN and not pairs_fit_int16(stmt):
+        if self.intrin_name == AVX2_INTRIN and not annotated_pairs_fit(stmt):
             return [sch]  # vpmaddubsw could saturate on these weights (module doc)
         if not operands_packed(stmt):
             return [sch]

@@ -156,7 +156,7 @@ def test_host_plain_rules_schedule_exact(packed, tmp_path):
     chosen = [_pick(tasks, kind) for kind in KINDS]
     for task in chosen:
         ctx, sketches = _space(task, host)
-        annotated = any(V.pairs_fit_int16(b) for b in blocks_of(_func(task)))
+        annotated = any(V.annotated_pairs_fit(b) for b in blocks_of(_func(task)))
         tensorized = host_vnni or (annotated and u8s8_intrin_name(host) is not None)
         assert all(("auto_tensorize" in s.mod.script()) == tensorized for s in sketches)
         (sch,) = _candidates(ctx, host, 1)

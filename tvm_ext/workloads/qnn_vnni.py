@@ -93,7 +93,9 @@ def _attrs(pairs_fit: bool) -> dict:
 
 def _pad_nchwc(data: te.Tensor, pads, zp_x: int) -> te.Tensor:
     """``data`` (N, C/cb, H, W, cb) padded on H and W with ``zp_x`` (pads (top, left,
-    bottom, right)), so that a conv's zero-point term is the same at the borders."""
+    bottom, right)), so that a conv's zero-point term is the same at the borders. Not
+    ``qnn._pad_hw`` (topi's pad): that would change the TIR of ``resnet50-int8-nchwc`` and
+    orphan its committed databases."""
     n, icb, h, w, cb = (int(d) for d in data.shape)
     top, left, bottom, right = pads
     if not any(pads):
