@@ -198,7 +198,7 @@ def test_bench_checks_exactness_and_writes_json(tuned, tmp_path):
     assert generic["target_detail"]["kind"] == "llvm" and "mcpu" not in generic["target_detail"]
     assert generic["ruleset"] == "upstream" and generic["tasks"][0]["trials"] == 2
     for row in result["rows"][:2]:
-        assert row["exact_match"] is True and row["e2e_ms"] > 0
+        assert row["exact_match"] is True and row["e2e_ms"] > 0 and row["untuned_tasks"] == 0
     assert result["rows"][0]["ratio_to_plugin"] == 1.0
     ort = result["rows"][2]
     # ORT rounds its float multiplier differently: at most one uint8 step on one layer

@@ -152,9 +152,11 @@ def shape_label(shape: dict) -> str:
             f"k{shape['k']}s{shape['stride']}")
 
 
-def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print) -> list[dict]:
+def layer_rows(work_dir: str, target, threads: int, rounds: int = 10, repeat: int = 5,
+               log=print) -> list[dict]:
     """Per conv task of the database at ``work_dir``: TVM (best record) vs ORT microseconds,
-    medians of ``rounds`` calls each, the two alternating."""
+    medians of ``rounds`` x ``repeat`` calls each: the two take turns, ``repeat`` calls a
+    turn after a pause (``timing.time_interleaved``)."""
     import tvm
 
     from tvm_ext.bench import onnx_export
@@ -176,7 +178,7 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 50, log=print)
         sess = onnx_export.ort_session(model, threads)
         feed = {"x": x}
         secs = time_interleaved({"tvm": lambda: (lib["main"](*args), dev.sync()),
-                                 "ort": lambda: sess.run(None, feed)}, rounds)
+                                 "ort": lambda: sess.run(None, feed)}, rounds, repeat=repeat)
         row = {"shape": shape_label(shape), "task": task.name, "count": task.weight,
                "epilogue": shape["epilogue"], "tvm_us": secs["tvm"] * 1e6, "ort_us": secs["ort"] * 1e6}
         log(f"[{i}/{len(tasks)}] {row['shape']} ({row['epilogue']}, x{row['count']}): "

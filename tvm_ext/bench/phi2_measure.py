@@ -26,6 +26,7 @@ import numpy as np
 from tvm_ext.bench.dram import copies_for, seconds_per_call
 from tvm_ext.bench.phi2_kernels import build, measure_bandwidth, nbytes, random_args, weight_positions
 from tvm_ext.bench.phi2_peers import projection_of, q4_weights, rolled
+from tvm_ext.bench.timing import wait_until_idle
 
 
 MAX_CALLS = 64  # calls per DRAM sample
@@ -126,7 +127,8 @@ def check_peers(peers, log) -> dict:
 
 
 def measure(fns, args, peers, dev, rounds, repeat, log):
-    """Median seconds per call, interleaved round by round: ({(fusion, schedule, name): s}
+    """Median seconds per call, interleaved round by round, each runtime's turn after the
+    process's threads are idle (``timing.wait_until_idle``): ({(fusion, schedule, name): s}
     DRAM-cycled (cache-hot for kernels without weights), {same key: s} cache-hot for kernels
     with weights, [peer seconds]), plus the copy bandwidth (GB/s) and numpy's."""
     bw_tvm, bw_np = measure_bandwidth(dev)
@@ -137,6 +139,7 @@ def measure(fns, args, peers, dev, rounds, repeat, log):
     for key, fn in fns.items():  # warm-up
         seconds_per_call(fn, args[(key[0], key[2])].next_sets())
     for r in range(rounds):
+        wait_until_idle()  # the last peer's threads parked (see timing): TVM's kernels run alone
         for key, fn in fns.items():
             a = args[(key[0], key[2])]
             if a.positions:  # calls on copies not used for C calls: weights not in the cache
@@ -146,6 +149,7 @@ def measure(fns, args, peers, dev, rounds, repeat, log):
             hot[key].append(float(np.median([seconds_per_call(fn, a.sets[:1] * min(MAX_CALLS, a.copies))
                                              for _ in range(repeat)])))
         for i, peer in enumerate(peers):
+            wait_until_idle()  # TVM's workers spin ~0.2 s after a kernel: not into a peer's time
             peer_s[i].append(peer.seconds(repeat))
         bw_samples.append(measure_bandwidth(dev, repeat=1)[0])
         log(f"  round {r + 1}/{rounds} done")

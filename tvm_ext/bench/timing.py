@@ -1,15 +1,43 @@
 """Interleaved timing: the one way a benchmark here compares callables.
 
-A figure is a ratio measured side by side: every round runs each callable once, in
-rotating order, and the median per callable over the rounds is reported."""
+A figure is a ratio measured side by side: every round runs each callable in rotating
+order, and the median per callable over all its timed calls is reported.
+
+Runtimes with thread pools keep their workers spinning after a call returns: ONNX
+Runtime's for a few ms, TVM's for 0.1-0.3 s (300000 spins, ``TVM_THREAD_POOL_SPIN_COUNT``).
+Calling another runtime meanwhile makes the two pools fight for the cores. Measured: on a
+16-core AMX host, TVM kernels of ~0.1 ms took 8-20 ms when each call followed an ORT call;
+on the 2-core EPYC our ResNet-50 took 85 ms right after ORT (44 ms alone) and ORT 81 ms
+50 ms after ours (32 ms alone). So before each callable's turn the timer waits, untimed,
+until the process's threads are idle (``wait_until_idle``), and then times ``repeat``
+back-to-back calls: what each runtime gets when it runs by itself.
+"""
 from __future__ import annotations
 
 import statistics
 import time
 
 
-def time_interleaved(callables: dict, rounds: int, warmup: int = 1) -> dict:
-    """Median seconds per call of each callable, calls interleaved round by round."""
+def wait_until_idle(window: float = 0.02, max_wait: float = 2.0, cpu=time.process_time,
+                    sleep=time.sleep, clock=time.monotonic) -> bool:
+    """Sleep until this process's threads (all of them: ``process_time``) use less than 5 %
+    of one core over ``window`` seconds, at most ``max_wait`` s; False if they never did."""
+    deadline = clock() + max_wait
+    while clock() < deadline:
+        before = cpu()
+        sleep(window)
+        if cpu() - before < 0.05 * window:
+            return True
+    return False
+
+
+def time_interleaved(callables: dict, rounds: int, warmup: int = 1, repeat: int = 1,
+                     settle=wait_until_idle) -> dict:
+    """Median seconds per call of each callable: ``rounds`` rounds, each giving every
+    callable (in rotating order) ``settle()`` (untimed; None: no pause) and then ``repeat``
+    timed calls."""
+    if rounds < 1 or repeat < 1:
+        raise ValueError(f"rounds and repeat must be >= 1, not {rounds} and {repeat}")
     names = list(callables)
     for _ in range(warmup):
         for name in names:
@@ -18,10 +46,13 @@ def time_interleaved(callables: dict, rounds: int, warmup: int = 1) -> dict:
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            start = time.perf_counter()
-            callables[name]()
-            samples[name].append(time.perf_counter() - start)
+            if settle is not None:
+                settle()
+            for _ in range(repeat):
+                start = time.perf_counter()
+                callables[name]()
+                samples[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-__all__ = ["time_interleaved"]
+__all__ = ["time_interleaved", "wait_until_idle"]

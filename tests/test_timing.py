@@ -1,0 +1,67 @@
+"""time_interleaved and wait_until_idle: the order of turns, the pause before each turn, the
+calls counted, when the threads count as idle. No timing is asserted (timings never in
+tests): fake clocks and a recording pause."""
+import pytest
+
+from tvm_ext.bench.timing import time_interleaved, wait_until_idle
+
+
+def _recorder():
+    events = []
+    callables = {name: (lambda name=name: events.append(name)) for name in ("tvm", "ort", "peer")}
+    return events, callables
+
+
+def test_turns_rotate_each_after_a_pause_with_repeat_calls():
+    events, callables = _recorder()
+    medians = time_interleaved(callables, rounds=3, warmup=1, repeat=2,
+                               settle=lambda: events.append("pause"))
+    assert set(medians) == {"tvm", "ort", "peer"} and all(m >= 0 for m in medians.values())
+    warm, timed = events[:3], events[3:]
+    assert warm == ["tvm", "ort", "peer"]  # warmup: one call each, no pause
+    turns = [timed[i:i + 3] for i in range(0, len(timed), 3)]
+    assert all(turn[0] == "pause" and turn[1] == turn[2] for turn in turns)
+    assert [turn[1] for turn in turns] == ["tvm", "ort", "peer", "ort", "peer", "tvm", "peer", "tvm", "ort"]
+
+
+def test_no_pause_without_settle():
+    events, callables = _recorder()
+    time_interleaved(callables, rounds=2, warmup=0, settle=None)
+    assert events == ["tvm", "ort", "peer", "ort", "peer", "tvm"]
+
+
+@pytest.mark.parametrize("rounds, repeat", [(0, 1), (2, 0)])
+def test_empty_timing_is_refused(rounds, repeat):
+    with pytest.raises(ValueError, match="rounds and repeat"):
+        time_interleaved({"a": lambda: None}, rounds=rounds, repeat=repeat)
+
+
+class FakeProcess:
+    """A process whose other threads burn ``busy[i]`` CPU seconds during the i-th sleep."""
+
+    def __init__(self, busy):
+        self.busy, self.now, self.cpu_s, self.sleeps = list(busy), 0.0, 0.0, 0
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.cpu_s += self.busy[self.sleeps] if self.sleeps < len(self.busy) else 0.0
+        self.sleeps += 1
+
+    def wait(self, **kw):
+        return wait_until_idle(window=0.02, cpu=lambda: self.cpu_s, sleep=self.sleep,
+                               clock=lambda: self.now, **kw)
+
+
+def test_waits_while_other_threads_spin():
+    spinning = FakeProcess([0.04, 0.03, 0.02, 0.0005])  # two threads spinning, then parked
+    assert spinning.wait() is True and spinning.sleeps == 4
+
+
+def test_idle_process_returns_after_one_window():
+    idle = FakeProcess([])
+    assert idle.wait() is True and idle.sleeps == 1
+
+
+def test_gives_up_after_max_wait():
+    busy = FakeProcess([0.02] * 1000)  # a thread that never parks (another job, a busy loop)
+    assert busy.wait(max_wait=0.1) is False and busy.sleeps == 5
