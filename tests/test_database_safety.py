@@ -338,3 +338,29 @@ def prepare_like_tune(work_dir, log=lambda _: None, meta=None):
     workload = SimpleNamespace(name=meta["workload"], options=meta["options"])
     return db.prepare_work_dir(str(work_dir), workload, tvm.target.Target(meta["target"]),
                                meta["ruleset"], log=log)
+
+
+# --------------------------------------------------------------------------- instructions
+LOGS = REPO / "tuning_logs"
+
+
+@pytest.mark.parametrize("work_dir, lacking, having, needs", [
+    ("resnet50-int8-nchwc-llvm-plugin", "haswell", "cascadelake", "AVX-512 VNNI"),
+    ("resnet50-int8-amx-llvm-plugin", "cascadelake", "sapphirerapids", "AMX"),
+    ("onnx-resnet50-qdq-01b1b2e64a61-nchwc-llvm-plugin", "x86-64", "haswell", "AVX2"),
+])
+def test_database_needing_instructions_the_target_lacks_is_one_line(work_dir, lacking, having, needs):
+    """A tensorized database benched on a host without its instructions: one line naming them,
+    not LLVM aborting the process mid-compile (seen with the VNNI database on the AVX2 EPYC)."""
+    from tvm_ext.targets import resolve_target
+
+    path = str(LOGS / work_dir)
+    with pytest.raises(db.DatabaseMismatch, match=f"{needs} instructions .* lacks"):
+        db.check_instructions(path, resolve_target({"kind": "llvm", "mcpu": lacking}))
+    db.check_instructions(path, resolve_target({"kind": "llvm", "mcpu": having}))
+
+
+def test_untensorized_database_runs_anywhere():
+    from tvm_ext.targets import resolve_target
+
+    db.check_instructions(str(COMMITTED), resolve_target({"kind": "llvm", "mcpu": "x86-64"}))

@@ -34,6 +34,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         if not from_logs:
             tuning.tune(workload, row_target, work_dir, trials, ruleset, log=log)
         meta = tuning.read_meta(work_dir)  # a clear error when a committed database is missing
+        tuning.check_instructions(work_dir, row_target)  # not an LLVM abort on a host without VNNI/AMX
         if meta["options"] != workload.options:
             raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, "
                                           f"not {workload.options}")

@@ -20,6 +20,7 @@ from tvm_ext.tune.best import NoTuningRecord, best_module, compile_best
 from tvm_ext.tune.builder import BUILD_TIMEOUT_S, fast_local_builder, make_builder
 from tvm_ext.tune.database import (DB_FILES, META_FILE, DatabaseCorrupt, DatabaseMismatch,
                                    DatabaseState, WorkDirError, best_record, check_database,
+                                   check_instructions,
                                    default_work_dir, open_database, prepare_work_dir, read_meta,
                                    record_seconds, records_of, repair_database, write_meta)
 from tvm_ext.tune.driver import (Task, add_tuning_seconds, extract_tasks, load_tasks, report,

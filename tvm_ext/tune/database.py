@@ -27,7 +27,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_ext.jsonio import write_json
 from tvm_ext.rulesets import check_ruleset
-from tvm_ext.targets import target_key, target_mismatch, target_to_json
+from tvm_ext.targets import has_amx, has_avx2, target_key, target_mismatch, target_to_json, vnni_kinds
 
 META_FILE = "tvm_ext.json"
 WORKLOADS, RECORDS = "database_workload.json", "database_tuning_record.json"
@@ -353,6 +353,26 @@ def open_database(work_dir: str, read_only: bool = False) -> ms.database.JSONDat
             with open(copy, "wb") as f:  # exactly the lines checked, complete ones only
                 f.write((contents[name] or b"")[:state.valid_bytes[name]])
         return _load(copies[0], copies[1], allow_missing=False, shown=paths)
+
+
+# what the records' tensor intrinsics (tvm_ext.intrinsics) need of the CPU, by name prefix
+_INTRIN_NEEDS = (("tvm_ext.dot_16x4_avx512vnni", "AVX-512 VNNI", lambda t: "avx512vnni" in vnni_kinds(t)),
+                 ("tvm_ext.dot_16x4_avxvnni", "AVX-VNNI", lambda t: "avxvnni" in vnni_kinds(t)),
+                 ("tvm_ext.dot_16x4_avx2", "AVX2", has_avx2),
+                 ("tvm_ext.amx_", "AMX", has_amx))
+
+
+def check_instructions(work_dir: str, target) -> None:
+    """One-line DatabaseMismatch when the database's records tensorize with instructions
+    ``target`` lacks (a VNNI database benched on an AVX2-only host): compiling them makes
+    LLVM abort the whole process ("Do not know how to split the result of this operator!")."""
+    text = _read_bytes(os.path.join(work_dir, RECORDS)).decode("utf-8", "replace")
+    for prefix, name, target_has in _INTRIN_NEEDS:
+        if prefix in text and not target_has(target):
+            mcpu = target.attrs.get("mcpu", "no mcpu") if hasattr(target, "attrs") else target
+            raise DatabaseMismatch(
+                f"{work_dir} holds schedules with {name} instructions ({prefix}...), which this target "
+                f"({mcpu}) lacks: bench it on a host that has them, or tune for this one")
 
 
 def records_of(database, mod: tvm.IRModule) -> list:
