@@ -65,3 +65,13 @@ def test_idle_process_returns_after_one_window():
 def test_gives_up_after_max_wait():
     busy = FakeProcess([0.02] * 1000)  # a thread that never parks (another job, a busy loop)
     assert busy.wait(max_wait=0.1) is False and busy.sleeps == 5
+
+
+def test_busy_turns_are_reported():
+    lines, results = [], iter([True, False, False, True])
+    time_interleaved({"a": lambda: None, "b": lambda: None}, rounds=2, warmup=0,
+                     settle=lambda: next(results), log=lines.append)
+    assert len(lines) == 1 and "2 of 4 turns" in lines[0]
+    quiet = []
+    time_interleaved({"a": lambda: None}, rounds=2, settle=lambda: True, log=quiet.append)
+    assert quiet == []

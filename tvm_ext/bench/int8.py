@@ -66,7 +66,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)
         rows.append({"ruleset": "tvm-onnx", "exact_match": False, **diff})
     log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
-    medians = time_interleaved(runs, rounds)
+    medians = time_interleaved(runs, rounds, log=log)
     base = medians.get("plugin", medians[rulesets[0]])
     for row in rows:
         row["e2e_ms"] = medians[row["ruleset"]] * 1e3

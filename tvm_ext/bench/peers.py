@@ -178,7 +178,7 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 10, repeat: in
         sess = onnx_export.ort_session(model, threads)
         feed = {"x": x}
         secs = time_interleaved({"tvm": lambda: (lib["main"](*args), dev.sync()),
-                                 "ort": lambda: sess.run(None, feed)}, rounds, repeat=repeat)
+                                 "ort": lambda: sess.run(None, feed)}, rounds, repeat=repeat, log=log)
         row = {"shape": shape_label(shape), "task": task.name, "count": task.weight,
                "epilogue": shape["epilogue"], "tvm_us": secs["tvm"] * 1e6, "ort_us": secs["ort"] * 1e6}
         log(f"[{i}/{len(tasks)}] {row['shape']} ({row['epilogue']}, x{row['count']}): "

@@ -32,10 +32,10 @@ def wait_until_idle(window: float = 0.02, max_wait: float = 2.0, cpu=time.proces
 
 
 def time_interleaved(callables: dict, rounds: int, warmup: int = 1, repeat: int = 1,
-                     settle=wait_until_idle) -> dict:
+                     settle=wait_until_idle, log=None) -> dict:
     """Median seconds per call of each callable: ``rounds`` rounds, each giving every
     callable (in rotating order) ``settle()`` (untimed; None: no pause) and then ``repeat``
-    timed calls."""
+    timed calls. ``log`` hears of turns that began with the threads still busy."""
     if rounds < 1 or repeat < 1:
         raise ValueError(f"rounds and repeat must be >= 1, not {rounds} and {repeat}")
     names = list(callables)
@@ -43,15 +43,19 @@ def time_interleaved(callables: dict, rounds: int, warmup: int = 1, repeat: int 
         for name in names:
             callables[name]()
     samples = {name: [] for name in names}
+    busy = 0
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            if settle is not None:
-                settle()
+            if settle is not None and settle() is False:
+                busy += 1
             for _ in range(repeat):
                 start = time.perf_counter()
                 callables[name]()
                 samples[name].append(time.perf_counter() - start)
+    if busy and log is not None:
+        log(f"note: {busy} of {rounds * len(names)} turns began with this process's threads still busy "
+            f"(another job on this machine?): these timings are noisier")
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
