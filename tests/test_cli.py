@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import tvm
@@ -222,3 +223,17 @@ def test_cuda_build_only_without_a_gpu():
     assert result["target"] == "cuda"
     assert row["kernels"] == 1  # conv + requantize epilogue in one kernel under plugin
     assert row["build_failures"] == 0
+
+
+def test_bench_states_the_budget_a_database_was_tuned_to():
+    """A database tuned to 64 trials holds 3 records on its pooling, reshape and layout tasks
+    (their spaces have no more); the bench row says 64, and a cut-short database says what most
+    of its tuned tasks reached."""
+    from tvm_ext.bench.int8 import tuned_trials
+    from tvm_ext.tune.driver import report
+
+    committed = Path(__file__).resolve().parents[1] / "tuning_logs"
+    tasks = report(str(committed / "onnx-resnet50-qdq-01b1b2e64a61-nchwc-llvm-plugin"))["tasks"]
+    assert min(t["trials"] for t in tasks) == 3 and tuned_trials(tasks) == 64
+    assert tuned_trials([{"trials": 0}] * 20 + [{"trials": 8}] * 13 + [{"trials": 1}]) == 8
+    assert tuned_trials([{"trials": 0}]) is None

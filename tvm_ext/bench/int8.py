@@ -6,6 +6,8 @@ once, in rotating order, and the median per network over the rounds is reported.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 from tvm_ext import tune as tuning
 from tvm_ext.bench.timing import time_interleaved
 from tvm_ext.jsonio import write_json
@@ -56,7 +58,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
                      "target": target_key(row_target),
                      "tuned_for": meta["target"].get("mcpu"),
                      "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
-                     "min_trials": tuned_trials(summary["tasks"])})
+                     "trials": tuned_trials(summary["tasks"])})
     threads = peer_module().threads_of(target)
     if "ort" in peers:
         runs["ort"], diff, weights = peer_module().ort_network(workload, threads, log)
@@ -87,7 +89,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
                        "int8_flags": sorted(f for f in ("avx2", "avx512vnni", "avxvnni", "amx-int8")
                                             if f in host.get("features", ()))},
               "trials_per_task": trials if not from_logs else min(
-                  (r["min_trials"] for r in rows if r.get("min_trials") is not None), default=None),
+                  (r["trials"] for r in rows if r.get("trials") is not None), default=None),
               "rounds": rounds, "rows": rows}
     if per_layer is not None:
         result["per_layer"] = per_layer
@@ -98,9 +100,12 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
 
 
 def tuned_trials(tasks) -> int | None:
-    """Fewest trials of any task, not counting tasks measured once: a task whose space has
-    no decision (layout_nchwc, reshape) holds a single record at any budget."""
-    return min((t["trials"] for t in tasks if t["trials"] > 1), default=None)
+    """The trial count most tuned tasks reached (the larger one on a tie): the budget the
+    database was tuned to. Not the fewest: a task with a small space (a pooling, a reshape, a
+    layout change) stops at its handful of distinct candidates at any budget, and the fewest
+    said '3' of a database tuned to 64. Untuned tasks are counted apart (untuned_tasks)."""
+    counts = Counter(t["trials"] for t in tasks if t["trials"] > 0)
+    return max(counts, key=lambda n: (counts[n], n)) if counts else None
 
 
 def peer_module():

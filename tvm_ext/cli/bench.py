@@ -99,7 +99,7 @@ def run(args) -> int:
 
 
 def _trials_text(result: dict) -> str:
-    counts = sorted({r["min_trials"] for r in result["rows"] if r.get("min_trials") is not None})
+    counts = sorted({r["trials"] for r in result["rows"] if r.get("trials") is not None})
     return f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(result["trials_per_task"])
 
 
