@@ -346,7 +346,7 @@ LOGS = REPO / "tuning_logs"
 
 @pytest.mark.parametrize("work_dir, lacking, having, needs", [
     ("resnet50-int8-nchwc-llvm-plugin", "haswell", "cascadelake", "AVX-512 VNNI"),
-    ("resnet50-int8-amx-llvm-plugin", "cascadelake", "sapphirerapids", "AMX"),
+    ("resnet50-int8-amx-emeraldrapids16-llvm-plugin", "cascadelake", "sapphirerapids", "AMX"),
     ("onnx-resnet50-qdq-01b1b2e64a61-nchwc-llvm-plugin", "x86-64", "haswell", "AVX2"),
 ])
 def test_database_needing_instructions_the_target_lacks_is_one_line(work_dir, lacking, having, needs):

@@ -9,7 +9,7 @@ exec > >(tee -a "$OUT/tune-bench.log") 2>&1
 source tools/lent-machine/setup.sh
 python3 -c "import tvm, tvm_ext, xgboost" || { echo "no TVM or xgboost here (a cold machine?)"; exit 3; }
 tar xzf .lent2/nchwc-db.tgz
-W=tuning_logs/resnet50-int8-amx-llvm-plugin
+W=tuning_logs/resnet50-int8-amx-emeraldrapids16-llvm-plugin
 timeout -s INT -k 20 "$TUNE_S" tvm-ext tune resnet50-int8-amx --trials "${TRIALS:-8}" --work-dir $W
 echo "tune rc=$? at $(( $(date +%s) - T0 )) s"
 tar czf "$OUT/amx-db.tgz" --exclude=logs $W

@@ -1,7 +1,7 @@
 """Per conv task of a database: the tuning runner's record, TVM alone, TVM and ORT's QLinearConv
 alternating call by call, and the bench's method (turns after the threads are idle), in us.
 
-    python3 tools/lent-machine/diag.py tuning_logs/resnet50-int8-amx-llvm-plugin 3
+    python3 tools/lent-machine/diag.py tuning_logs/resnet50-int8-amx-emeraldrapids16-llvm-plugin 3
 
 Session 13 ran it (with a fixed 50 ms pause for the last column) when tuned AMX kernels timed at
 8-20 ms in the bench and 0.04-0.25 ms in the tuning runner: the call-by-call alternation was why."""
