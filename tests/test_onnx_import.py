@@ -223,11 +223,12 @@ def test_dynamic_shape_imports_with_shape(tmp_path, capsys, monkeypatch):
 
 
 # ---------------------------------------------------------------------------- packed layout
-def packable_model(path):
+def packable_model(path, c=24):
     """A small ResNet-style fp32 graph the packed (nchwc) emission takes: a strided stem with
     asymmetric pads on 3 input channels, MaxPool, a residual block, a depthwise conv,
     GlobalAveragePool, Flatten and a Gemm of 10 classes; 24 channels, so that every packed
-    tensor has a zero-padded channel block (MobileNetV2's 24 and 144 need it)."""
+    tensor has a zero-padded channel block (MobileNetV2's 24 and 144 need it); with c=64 the
+    amx layout's 64-channel blocks."""
     n = helper.make_node
     nodes = [
         n("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0]),
@@ -236,13 +237,13 @@ def packable_model(path):
         n("Conv", ["p", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         n("Add", ["c2", "p"], ["r"]),
         n("Relu", ["r"], ["ra"]),
-        n("Conv", ["ra", "w3", "b3"], ["c3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=24),
+        n("Conv", ["ra", "w3", "b3"], ["c3"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=c),
         n("GlobalAveragePool", ["c3"], ["g"]),
         n("Flatten", ["g"], ["gf"]),
         n("Gemm", ["gf", "w4", "b4"], ["y"], transB=1),
     ]
-    inits = {"w1": _w(24, 3, 3, 3), "b1": _w(24), "w2": _w(24, 24, 3, 3, scale=0.1), "b2": _w(24),
-             "w3": _w(24, 1, 3, 3, scale=0.5), "b3": _w(24), "w4": _w(10, 24), "b4": _w(10)}
+    inits = {"w1": _w(c, 3, 3, 3), "b1": _w(c), "w2": _w(c, c, 3, 3, scale=0.1), "b2": _w(c),
+             "w3": _w(c, 1, 3, 3, scale=0.5), "b3": _w(c), "w4": _w(10, c), "b4": _w(10)}
     return _save(nodes, inits, path, in_shape=(1, 3, 17, 17), out_shape=[1, 10])
 
 
@@ -254,6 +255,8 @@ def packable(tmp_path_factory):
            for fmt in ("qdq", "qoperator")}  # 7-bit weights
     out["qdq-8bit"] = _quantize(fp32, d / "packable-qdq-8bit.onnx", "qdq", "uint8", shape=(1, 3, 17, 17),
                                 reduce_range=False)
+    out["qdq-64"] = _quantize(packable_model(d / "packable-fp32-64.onnx", c=64), d / "packable-qdq-64.onnx",
+                              "qdq", "uint8", shape=(1, 3, 17, 17), reduce_range=False)
     return out
 
 
@@ -280,6 +283,28 @@ def test_packed_layout_equals_the_reference_and_nhwc(packable, fmt):
         np.testing.assert_array_equal(ours, theirs)
 
 
+def test_amx_layout_equals_the_reference_and_nhwc(packable):
+    """``layout="amx"``: 64-channel blocks where the channels allow (the stem and the residual
+    block's conv write NCHW64c, the AMX rule's operands), the depthwise conv as in nchwc;
+    compiled, bit-exact with the NumPy reference and the NHWC module; its own workload name."""
+    import tvm
+
+    from tvm_ext.arrays import param_buffers
+    from tvm_ext.tune.apply import compile_workload, make_vm
+
+    amx, plain = import_onnx(packable["qdq-64"], layout="amx"), import_onnx(packable["qdq-64"], layout="nhwc")
+    assert amx.layout == "amx" and amx.workload.name == plain.workload.name + "-amx"
+    convs = {gv.name_hint: f for gv, f in amx.workload.mod.functions_items() if "conv2d_nchwc" in gv.name_hint}
+    blocks = sorted(param_buffers(f)[-1][2][-1] for f in convs.values())
+    assert blocks == [64, 64], blocks  # both convs' outputs in 64-channel blocks
+    assert any("depthwise_nchwc" in gv.name_hint for gv in amx.workload.mod.functions)
+    target = tvm.target.Target("llvm")
+    for imp in (amx, plain):
+        vm = make_vm(compile_workload(imp.workload, target, None), target)
+        for x in _inputs(imp):
+            np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), amx.graph([x]))
+
+
 def test_auto_layout_packs_where_the_target_tensorizes(models, packable):
     """``auto``: nchwc where the u8 x s8 rule tensorizes every conv/dense on the target (VNNI;
     AVX2 only with 7-bit weights, whose pairs cannot saturate vpmaddubsw), nhwc otherwise
@@ -291,6 +316,9 @@ def test_auto_layout_packs_where_the_target_tensorizes(models, packable):
     assert layout == {("7bit", "haswell"): "nchwc", ("7bit", "cascadelake"): "nchwc", ("7bit", "x86-64"): "nhwc",
                       ("8bit", "haswell"): "nhwc", ("8bit", "cascadelake"): "nchwc", ("8bit", "x86-64"): "nhwc",
                       ("ops", "haswell"): "nhwc", ("ops", "cascadelake"): "nhwc", ("ops", "x86-64"): "nhwc"}
+    amx = {"kind": "llvm", "mcpu": "sapphirerapids"}  # AMX int8: the 64-channel layout the AMX rule tiles
+    assert [import_onnx(packable[k], target=amx).layout for k in ("qdq", "qdq-8bit")] == ["amx", "amx"]
+    assert import_onnx(models["qdq-uint8"], target=amx).layout == "nhwc"  # grouped conv: no packed layout
 
 
 def test_packed_layout_refuses_what_it_cannot_lay_out(models, tmp_path, capsys, monkeypatch):

@@ -37,7 +37,7 @@ def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="MODEL.onnx only: static shape of a dynamic input (see tvm-ext import)")
-    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc"),
+    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx"),
                    help="MODEL.onnx only: activation layout of the integer module (default auto; see "
                         "tvm-ext import --help); each layout has its own databases")
 

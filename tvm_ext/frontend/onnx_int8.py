@@ -16,8 +16,8 @@ builder gives the exact expected output of the compiled module.
 
 The module keeps the model's signature: float32 NCHW in, float32 out. Inside, activations
 are NHWC uint8 (int8 tensors shifted by 128), weights int8 HWIO; with ``layout="nchwc"`` the
-same graph is emitted in the packed layouts (``tvm_ext.workloads.qnn_packed``), bit for bit the
-same outputs. How the rounding differs
+same graph is emitted in the packed layouts (``tvm_ext.workloads.qnn_packed``; ``"amx"``: with the
+64-channel blocks of ``tvm_ext.workloads.qnn_amx``), bit for bit the same outputs. How the rounding differs
 from ORT's: see :mod:`.qvalues`.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from . import onnx_nodes
 from .qvalues import Steps, View
 
 OPSETS = (13, 21)  # default-domain opsets handled (per-axis DequantizeLinear needs 13)
-LAYOUTS = ("auto", "nhwc", "nchwc")
+LAYOUTS = ("auto", "nhwc", "nchwc", "amx")
 
 
 @dataclass
@@ -59,12 +59,12 @@ class Imported:
 
 
 def workload_name(path: str, digest: str | None = None, layout: str = "nhwc") -> str:
-    """``onnx-<file stem>-<first 12 hex digits of the file's sha256>``, ``-nchwc`` appended
-    for the packed layout (its own tasks, so its own databases)."""
+    """``onnx-<file stem>-<first 12 hex digits of the file's sha256>``, ``-nchwc`` or ``-amx``
+    appended for the packed layouts (their own tasks, so their own databases)."""
     if digest is None:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-    suffix = "-nchwc" if layout == "nchwc" else ""
+    suffix = f"-{layout}" if layout in ("nchwc", "amx") else ""
     return f"onnx-{os.path.splitext(os.path.basename(path))[0]}-{digest[:12]}{suffix}"
 
 
@@ -163,15 +163,25 @@ def emit(graph: QuantGraph, layout: str, target=None):
     """(Relax module, layout) of ``graph``: ``nhwc`` is the recorded graph as it is;
     ``nchwc`` the packed NCHW[x]c layouts of ``qnn_packed.PackedEmitter``, which the u8 x s8
     tensorization rule matches (ValueError, one line, for a graph it cannot lay out: grouped
-    convs that are not depthwise, concat or rescale steps, an output that is not flat). ``auto`` is
-    ``nchwc`` where it tensorizes on ``target`` (default: this host): with VNNI, or with AVX2
+    convs that are not depthwise, concat or rescale steps, an output that is not flat); ``amx``
+    the same with 64-channel blocks where the channels allow (``qnn_amx.AMXEmitter``), which
+    the AMX rule tiles. ``auto`` is ``amx`` on a ``target`` (default: this host) with AMX int8,
+    ``nchwc`` where the u8 x s8 rule tensorizes: with VNNI, or with AVX2
     when every conv/dense weight fits ``vpmaddubsw``'s int16 pair sums (``pairs_fit_int16``:
     7-bit weights, as ORT's ``reduce_range`` makes on such hosts); else ``nhwc``."""
     from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name  # pylint: disable=import-outside-toplevel
-    from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
+    from tvm_ext.targets import has_amx, host_target  # pylint: disable=import-outside-toplevel
+    from tvm_ext.workloads.qnn_amx import AMXEmitter  # pylint: disable=import-outside-toplevel
 
     check_layout(layout)
-    intrin = u8s8_intrin_name(target if target is not None else host_target()) if layout == "auto" else None
+    target = target if target is not None else host_target()
+    if layout == "amx" or (layout == "auto" and has_amx(target)):
+        try:
+            return graph.to_relax(emitter=AMXEmitter()), "amx"
+        except ValueError:
+            if layout == "amx":
+                raise
+    intrin = u8s8_intrin_name(target) if layout == "auto" else None
     if layout == "nhwc" or (layout == "auto" and intrin is None):  # auto: nothing would tensorize
         return graph.to_relax(), "nhwc"
     packed = PackedEmitter()

@@ -12,7 +12,10 @@ rows of [16 outputs][4 inputs]. So, compared with the VNNI emission of ``qnn_pac
   bytes of one (output block, input block, kh, kw) are one B tile (rows 64 bytes apart);
   an output channel ``o`` of a 64-block reads weight block ``o // 16`` and lane ``o % 16``;
 * requantize, residual add, pooling and the classifier are ``qnn_packed``'s, on 64-channel
-  blocks (its per-channel constants and channel axes follow the block size).
+  blocks (its per-channel constants and channel axes follow the block size);
+* an imported model's convs that are grouped or whose outputs are not a multiple of 64
+  (``tvm-ext import --layout amx``) are emitted as ``qnn_packed`` does (16-lane blocks),
+  and convs reading them are left to VNNI by the AMX rule.
 
 Same graph, weights and quantization parameters, hence the same NumPy reference.
 """
@@ -20,9 +23,9 @@ from __future__ import annotations
 
 from tvm import relax, te, tirx
 
-from .qnn import _pad_hw
+from .qnn import _pad_hw, _pads, _pair
 from .qnn_packed import Packed, PackedEmitter, pack_input
-from .qnn_vnni import K_BLOCK, OC_BLOCK, channel_block, pack_conv_weight
+from .qnn_vnni import K_BLOCK, OC_BLOCK, _out_hw, channel_block, pack_conv_weight
 
 AMX_BLOCK = 64  # channels per activation block: the 64 bytes of one tile row
 
@@ -32,20 +35,23 @@ def activation_block(channels: int) -> int:
     return AMX_BLOCK if channels % AMX_BLOCK == 0 else channel_block(channels)
 
 
-def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, pad: int = 0,
+def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride=1, pad=0,
                         zp_x: int = 0, ob: int = AMX_BLOCK) -> te.Tensor:
     """int32 accumulator of a packed uint8 x int8 conv2d, output in NCHW[ob]c.
 
     data (N, C/cb, H, W, cb) u8, padded with ``zp_x``; weight
     (O/16, C/cb, KH, KW, cb/4, 16, 4) i8; returns (N, O/ob, OH, OW, ob) i32.
+    ``stride``: int or (h, w); ``pad``: int or (top, left, bottom, right) (an imported
+    model's). Its padding stays topi's (``qnn._pad_hw``), not ``qnn_vnni._pad_nchwc``: the TIR,
+    and so the databases, of ``resnet50-int8-amx`` stay as they are.
     """
-    n, icb, h, w, cb = (int(d) for d in data.shape)
+    n, icb, _, _, cb = (int(d) for d in data.shape)
     o16, _, kh, kw = (int(d) for d in weight.shape[:4])
     assert cb % K_BLOCK == 0 and tuple(int(d) for d in weight.shape[4:]) == (cb // K_BLOCK, OC_BLOCK, K_BLOCK)
     assert (o16 * OC_BLOCK) % ob == 0 and ob % OC_BLOCK == 0, (o16, ob)
-    oh = (h + 2 * pad - kh) // stride + 1
-    ow = (w + 2 * pad - kw) // stride + 1
-    padded = _pad_hw(data, pad, tirx.const(zp_x, "uint8"), "pad", spatial=(2, 3))
+    (sh, sw), pads = _pair(stride), _pads(pad)
+    oh, ow = _out_hw(data, kh, kw, (sh, sw), pads)
+    padded = _pad_hw(data, pads, tirx.const(zp_x, "uint8"), "pad", spatial=(2, 3))
     ric = te.reduce_axis((0, icb), name="ic")
     rkh = te.reduce_axis((0, kh), name="kh")
     rkw = te.reduce_axis((0, kw), name="kw")
@@ -55,7 +61,7 @@ def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride: int = 1, 
     return te.compute(
         (n, o16 * OC_BLOCK // ob, oh, ow, ob),
         lambda b, oc, y, x, oci: te.sum(
-            padded[b, ric, y * stride + rkh, x * stride + rkw, ric4 * K_BLOCK + rici].astype("int32")
+            padded[b, ric, y * sh + rkh, x * sw + rkw, ric4 * K_BLOCK + rici].astype("int32")
             * weight[oc * per + oci // OC_BLOCK, ric, rkh, rkw, ric4, oci % OC_BLOCK, rici].astype("int32"),
             axis=[ric, rkh, rkw, ric4, rici],
         ),
@@ -67,13 +73,18 @@ class AMXEmitter(PackedEmitter):
     """``PackedEmitter`` with 64-channel activation blocks (see the module doc)."""
 
     def input(self, bb, var) -> Packed:
+        if str(var.ty.dtype) != "uint8":  # an imported model's float input: packed after its quantize
+            return super().input(bb, var)
         c = int(var.ty.shape.values[-1])
         cb = activation_block(c)
         return Packed(bb.emit_te(pack_input, var, cb=cb, primfunc_name_hint="layout_nchwc"), c, cb)
 
-    def _conv2d_nhwc(self, bb, x: Packed, w_hwio, *, stride, pad, zp_in) -> Packed:
-        weight = pack_conv_weight(w_hwio.transpose(3, 0, 1, 2), x.cb)  # HWIO -> OHWI -> packed
+    def _conv2d_nhwc(self, bb, x: Packed, w_hwio, *, stride, pad, zp_in, groups=1) -> Packed:
         c_out = int(w_hwio.shape[3])
+        if groups != 1 or c_out % AMX_BLOCK:  # an imported model's depthwise or odd-width conv:
+            # the 16-lane VNNI emission (output padded to 16); the next conv reads 16-blocks
+            return super()._conv2d_nhwc(bb, x, w_hwio, stride=stride, pad=pad, zp_in=zp_in, groups=groups)
+        weight = pack_conv_weight(w_hwio.transpose(3, 0, 1, 2), x.cb)  # HWIO -> OHWI -> packed
         ob = activation_block(c_out)
         acc = bb.emit_te(conv2d_nchwc_acc_ob, x.var, relax.const(weight), stride=stride, pad=pad,
                          zp_x=zp_in, ob=ob, primfunc_name_hint="conv2d_nchwc")
