@@ -12,7 +12,8 @@ What it does, per block:
    stride (1 or 2). Fewer than 4 rows (a batch-1 dense, a prime width): left to VNNI.
    A 3x3 conv gets a second variant as its own sketches: three kernel columns per
    intrinsic call (the C tile loaded and stored once per 3 dots instead of once per dot);
-   the tuner picks between them.
+   a conv reading 2 or more 64-channel blocks another: 4 or 2 blocks per call (C once per
+   4 or 2 dots); the tuner picks between them.
 2. The tile's loops are split off and blockized for that variant of the AMX intrinsic
    (``tvm_ext.intrinsics.amx``), then the loops outside are tiled by TVM's
    MultiLevelTiling, structure SSRSRS with a write cache, as the VNNI rule does (that is
@@ -38,9 +39,11 @@ from tvm.s_tir.meta_schedule.schedule_rule import (
     ScheduleRule,
 )
 from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
+from tvm.s_tir.stmt import SBlockRealize
 
-from tvm_ext.intrinsics.amx import STRIDES, register_dot
+from tvm_ext.intrinsics.amx import CHAIN, STRIDES, register_dot
 from tvm_ext.postprocs.amx_tile_config import AUTO_TENSORIZE, amx_blocks, tensorize_with_tile_config
+from tvm_ext.tir_utils import collect
 from tvm_ext.rules.vnni_tensorize import (fuse_epilogue, operands_packed, protect_tensorization,
                                           tiling_options)
 
@@ -73,6 +76,49 @@ def tile_rows_and_stride(block) -> tuple[int, int] | None:
     return (rows, stride) if stride in STRIDES else None
 
 
+def tile_chained(sch, block, intrin: str):
+    """Split and reorder ``block``'s loops for a chained dot (``k4c2``/``k4c4``) and return
+    the outermost loop of the tile, or None where the block does not fit it.
+
+    TVM's ``tile_with_tensor_intrin`` does this for the other forms; for the chained one it
+    finds no mapping (its input-channel block lies outside the activation's innermost
+    dimensions, kernel rows and columns in between). Innermost, in the intrinsic's order:
+    the tile's output rows, its 16 output lanes, the ``chain`` input-channel blocks, then
+    the 16 x 4 of one block; the kernel loops stay outside."""
+    from tvm.sym import detect_linear_equation  # pylint: disable=import-outside-toplevel
+
+    chain = CHAIN[intrin.removesuffix("_emu").split("_")[-1]]
+    rows, _ = tile_rows_and_stride(sch.get(block))
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)
+    func = sch.mod[sch.func_working_on] if sch.func_working_on is not None else sch.mod["main"]
+    realize = [r for r in collect(func.body, SBlockRealize) if r.block.same_as(stmt)]
+    if len(realize) != 1 or len(loops) != len(stmt.iter_vars):
+        return None
+    loop_of = {}
+    for iv, value, loop in zip(stmt.iter_vars, realize[0].iter_values, loops):
+        if not (isinstance(value, tirx.Var) and value.same_as(sch.get(loop).loop_var)):
+            return None  # not a fresh block: its loops are not its iterators one to one
+        loop_of[iv.var] = (loop, int(iv.dom.extent))
+    act = [r for r in stmt.reads if str(r.source.dtype) == "uint8"][0]
+    ic, x, oci = act.region[1].min, stmt.writes[0].region[-2].min, stmt.writes[0].region[-1].min
+    inner = collect(act.region[-1].min, tirx.Var)
+    if not all(v in loop_of for v in (ic, x, oci, *inner)) or len(inner) != 2:
+        return None
+    k4, ki = sorted(inner, key=lambda v: -int(detect_linear_equation(act.region[-1].min, [v])[0]))
+    if loop_of[ic][1] % chain or loop_of[oci][1] % 16 or loop_of[x][1] % rows or \
+            (loop_of[k4][1], loop_of[ki][1]) != (16, 4):
+        return None
+    # every tile loop split off its own (unit) outer loop, as tile_with_tensor_intrin does:
+    # the blockized outer block then binds each iterator to a loop (MultiLevelTiling tiles
+    # only blocks with such trivial bindings)
+    tile = [sch.split(loop_of[v][0], [None, n])[1]
+            for v, n in ((x, rows), (oci, 16), (ic, chain), (k4, 16), (ki, 4))]
+    rest = [lp for lp in sch.get_loops(block) if not any(sch.get(lp).same_as(sch.get(t)) for t in tile)]
+    sch.reorder(*rest, *tile)
+    return tile[0]
+
+
 @derived_object
 class AMXTensorize(PyScheduleRule):
     """Schedule rule: tensorize u8 x s8 -> s32 reductions with AMX tiles, epilogue fused.
@@ -101,8 +147,10 @@ class AMXTensorize(PyScheduleRule):
     def choose_intrins(self, sch, block) -> list[str]:
         """The AMX intrinsic variants ``block`` tiles with (empty: left to other rules).
 
-        A 3x3 conv gets two, each its own sketches: the 3-column variant ("k4t3", the C
-        tile stays in tmm0 for 3 dots) and the one-dot variant ("k4"); the tuner picks.
+        A conv with 2 or more input-channel blocks of 64 gets the chained variant ("k4c4",
+        else "k4c2": the C tile stays in tmm0 while A and B step through 4 or 2 blocks), a
+        3x3 conv the 3-column variant ("k4t3", the C tile stays for 3 dots), and every conv
+        the one-dot variant ("k4"); each has its own sketches and the tuner picks.
         """
         stmt = sch.get(block)
         if not operands_packed(stmt):
@@ -111,10 +159,12 @@ class AMXTensorize(PyScheduleRule):
         if shape is None:
             return []
         found = []
-        for k_form in ("k4t3", "k4", "k"):
+        for k_form in ("k4c4", "k4c2", "k4t3", "k4", "k"):
+            if k_form == "k4c2" and found:
+                continue  # chained by 4 already: one chained variant per block
             intrin = register_dot(*shape, k_form, emulated=self.emulated)
             try:
-                if tile_with_tensor_intrin(sch.copy(), block, intrin) is not None:
+                if self._tile_loop(sch.copy(), block, intrin) is not None:
                     found.append(intrin)
             except Exception:  # pylint: disable=broad-except
                 continue
@@ -124,8 +174,8 @@ class AMXTensorize(PyScheduleRule):
 
     def choose_intrin(self, sch, block) -> str | None:
         """The one-dot variant ``block`` tiles with, or None (see ``choose_intrins``)."""
-        plain = [i for i in self.choose_intrins(sch, block) if not i.split("_")[-1].startswith("k4t")
-                 and not (i.endswith("_emu") and i.split("_")[-2].startswith("k4t"))]
+        plain = [i for i in self.choose_intrins(sch, block)
+                 if i.removesuffix("_emu").split("_")[-1] in ("k4", "k")]
         return plain[0] if plain else None
 
     def apply(self, sch, block):
@@ -138,7 +188,7 @@ class AMXTensorize(PyScheduleRule):
         """Candidates tiled for ``intrin`` (empty when it does not tensorize after all)."""
         try:
             tiled = sch.copy()
-            outer = tiled.blockize(tile_with_tensor_intrin(tiled, block, intrin))
+            outer = tiled.blockize(self._tile_loop(tiled, block, intrin))
             tiled.annotate(outer, AUTO_TENSORIZE, intrin)
             # the tile itself is done: later rules (VNNI, MultiLevelTiling) skip tiled blocks
             tiled.annotate(block, TILING_STRUCTURE, "SSRSRS")
@@ -156,6 +206,13 @@ class AMXTensorize(PyScheduleRule):
                 fuse_epilogue(res, outer)
             out.append(res)
         return out
+
+    @staticmethod
+    def _tile_loop(sch, block, intrin: str):
+        """The outermost loop of ``block``'s tile for ``intrin`` (None: it does not fit)."""
+        if intrin.removesuffix("_emu").split("_")[-1] in CHAIN:
+            return tile_chained(sch, block, intrin)
+        return tile_with_tensor_intrin(sch, block, intrin)
 
     @staticmethod
     def _tensorizes(sch) -> bool:

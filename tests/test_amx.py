@@ -34,7 +34,10 @@ CASES = {
     "conv14": (lambda: C.conv2d_case(h=14, w=14, c_in=64, c_out=32, cb=64),
                [I.dot_intrin(14, 1, "k4t3"), I.dot_intrin(14, 1, "k4")]),
     "conv7_s2": (lambda: C.conv2d_case(h=14, w=14, c_in=128, c_out=16, cb=64, stride=2, seed=2),
-                 [I.dot_intrin(7, 2, "k4t3"), I.dot_intrin(7, 2, "k4")]),
+                 [I.dot_intrin(7, 2, "k4c2"), I.dot_intrin(7, 2, "k4t3"), I.dot_intrin(7, 2, "k4")]),
+    # 1x1 over 4 input-channel blocks: the C tile stays in tmm0 for the 4 (k4c4)
+    "conv7_c4": (lambda: C.conv2d_case(h=7, w=7, c_in=256, c_out=32, kh=1, kw=1, pad=0, cb=64, seed=5),
+                 [I.dot_intrin(7, 1, "k4c4"), I.dot_intrin(7, 1, "k4")]),
     "dense8": (lambda: C.dense_case(m=8, n=48, k=128), [I.dot_intrin(8, 1, "k")]),
     "dense_k64": (lambda: C.dense_case(m=12, n=32, k=64, seed=3), [I.dot_intrin(12, 1, "k")]),
 }
@@ -91,6 +94,8 @@ def test_tile_config_layout_and_init_words():
     asm = lib.mod.inspect_source("asm")
     assert str(words[6]) in asm or hex(words[6]) in asm, "rows word not in the config stores"
     assert "ldtilecfg" in asm and "tilezero" in asm and "tilestored" in asm
+    # the thread's config is read back first: ldtilecfg (~290 cycles) only where it differs
+    assert "sttilecfg" in asm
 
 
 def test_intrinsic_names_and_bad_variants():
@@ -279,8 +284,9 @@ def test_emulated_tiles_of_network_conv_bit_exact():
     input-channel blocks) through the rule with the emulated intrinsics equals NumPy."""
     mod, args, shape, ref = _conv64(7, 7, 128, 64, 3, 1)
     schs = _mod_candidates(mod, HOST, 1, _emulated_space)
-    assert {_used(sch, [I.dot_intrin(7, 1, f, emulated=True) for f in ("k4t3", "k4")]) for sch in schs} == {
-        I.dot_intrin(7, 1, f, emulated=True) for f in ("k4t3", "k4")}
+    forms = ("k4c2", "k4t3", "k4")  # two input-channel blocks: the chained form too
+    assert {_used(sch, [I.dot_intrin(7, 1, f, emulated=True) for f in forms]) for sch in schs} == {
+        I.dot_intrin(7, 1, f, emulated=True) for f in forms}
     for sch in schs:
         np.testing.assert_array_equal(_run_conv64(tvm.compile(sch.mod, target=tvm.target.Target(HOST)), args,
                                                   shape), ref)
@@ -299,7 +305,7 @@ def test_network_conv_layouts_tensorize_with_amx():
         sch = tvm.s_tir.Schedule(mod)
         assert rule.choose_intrin(sch, sch.get_sblock("conv2d_nchwc_int8")) == intrin
     for sch in _mod_candidates(mod, SPR, 1, R.amx_space):
-        _check_asm(sch, SPR, [intrin, intrin.replace("_k4", "_k4t3")])
+        _check_asm(sch, SPR, [intrin, intrin.replace("_k4", "_k4t3"), intrin.replace("_k4", "_k4c4")])
 
 
 @pytest.mark.slow
