@@ -200,6 +200,8 @@ def test_bench_checks_exactness_and_writes_json(tuned, tmp_path):
     assert generic["ruleset"] == "upstream" and generic["tasks"][0]["trials"] == 2
     for row in result["rows"][:2]:
         assert row["exact_match"] is True and row["e2e_ms"] > 0 and row["untuned_tasks"] == 0
+        # the conv2d workload is one conv task and nothing else: no time outside the convs
+        assert row["non_conv_estimate_ms"] == 0.0 and row["e2e_estimate_ms"] > 0
     assert result["rows"][0]["ratio_to_plugin"] == 1.0
     ort = result["rows"][2]
     # ORT rounds its float multiplier differently: at most one uint8 step on one layer

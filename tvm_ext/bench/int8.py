@@ -58,6 +58,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
                      "target": target_key(row_target),
                      "tuned_for": meta["target"].get("mcpu"),
                      "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
+                     "non_conv_estimate_ms": non_conv_ms(summary),
                      "trials": tuned_trials(summary["tasks"])})
     threads = peer_module().threads_of(target)
     if "ort" in peers:
@@ -97,6 +98,15 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         write_json(out_json, result)
         log(f"wrote {out_json}")
     return result
+
+
+def non_conv_ms(summary) -> float | None:
+    """The weighted runner bests of the tasks that are not convolutions (stem layout change,
+    pooling, dense, reshape): what the network spends outside the tensorized convs, by the
+    tuner's figures. None while a task has no record."""
+    if summary["e2e_us"] is None:
+        return None
+    return sum(t["weight"] * t["best_us"] for t in summary["tasks"] if "conv" not in t["name"]) / 1e3
 
 
 def tuned_trials(tasks) -> int | None:

@@ -117,6 +117,10 @@ def format_int8(result: dict) -> str:
     lines = [f"{result['workload']} {result['options']} on {result['target']}, "
              f"{_trials_text(result)} trials per task, median of {result['rounds']} interleaved rounds",
              render(["ruleset", "e2e ms", "vs plugin", "est. ms", "exact"], rows, "<>>><")]
+    shares = [f"{r['ruleset']} {r['non_conv_estimate_ms']:.3f} of {r['e2e_estimate_ms']:.3f}"
+              for r in result["rows"] if r.get("non_conv_estimate_ms") is not None]
+    if shares:
+        lines.append("est. ms outside the convs (pooling, dense, layout, reshape): " + "; ".join(shares))
     if "per_layer" in result:
         layers = result["per_layer"]
         lines += ["", f"per conv task ({layers[0]['ruleset'] if layers else '-'} database) vs one ORT "
