@@ -45,3 +45,19 @@ def test_unknown_peer_is_refused():
     with pytest.raises(ValueError, match="unknown peer 'trt'"):
         peers.parse_peers("ort,trt")
     assert peers.parse_peers(None) == []
+
+
+@pytest.mark.parametrize("with_add", [False, True])
+def test_ort_peer_of_a_task_does_the_same_work(with_add):
+    """A fused conv + requantize + add + requantize task is timed against ORT's QLinearConv
+    followed by its QLinearAdd (both take the conv's output shape), a plain one against the
+    QLinearConv alone; the peer model runs in ORT with the feed it comes with."""
+    pytest.importorskip("onnxruntime")
+    from tvm_ext.bench import onnx_export
+
+    shape = peers.conv_shape(conv_task(14, 64, 128, 3, 2, with_add=with_add))
+    model, feed = onnx_export.ort_conv_model(shape)
+    assert [n.op_type for n in model.graph.node] == ["QLinearConv"] + ["QLinearAdd"] * with_add
+    assert sorted(feed) == (["r", "x"] if with_add else ["x"])
+    (out,) = onnx_export.ort_session(model, 1).run(None, feed)
+    assert out.shape == (1, 128, 7, 7) and out.dtype.name == "uint8" and len(set(out.flat)) > 10

@@ -31,8 +31,8 @@ for task in tuning.load_tasks(wd, meta):
     f = lambda: (lib["main"](*args), dev.sync())
     gc.collect(); time.sleep(0.2)
     alone = time_interleaved({"tvm": f}, 10, repeat=5)["tvm"]
-    model, x = onnx_export.ort_conv_model(shape); sess = onnx_export.ort_session(model, threads)
-    g = lambda: sess.run(None, {"x": x})
+    model, feed = onnx_export.ort_conv_model(shape); sess = onnx_export.ort_session(model, threads)
+    g = lambda: sess.run(None, feed)
     old = time_interleaved({"tvm": f, "ort": g}, 50, settle=None)
     new = time_interleaved({"tvm": f, "ort": g}, 10, repeat=5)
     print(f"{task.name:<48} {tuning.record_seconds(rec)*1e6:8.1f} {alone*1e6:8.1f} {old['tvm']*1e6:8.1f} "

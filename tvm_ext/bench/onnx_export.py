@@ -307,8 +307,11 @@ __all__ = [
 
 # --------------------------------------------------------------------------- per layer
 def ort_conv_model(shape: dict, seed: int = 0, weights: Optional[str] = None):
-    """One ORT QLinearConv (NCHW, per-channel weights, bias) of ``shape`` and a random input;
-    ``weights`` as in weight_inputs (default: the exact kind for this host)."""
+    """One ORT QLinearConv (NCHW, per-channel weights, bias) of ``shape`` and its feed (a
+    random input ``x``); ``weights`` as in weight_inputs (default: the exact kind for this
+    host). A ``requantize+add`` shape (a conv task with the residual add fused) gets the
+    add too, as ORT runs it in a network: ``com.microsoft.QLinearAdd`` of the conv's output
+    and a second random uint8 input ``r``, so that both sides do the same work."""
     _, TP, helper, nh = _onnx()
     rng = np.random.default_rng(seed)
     n, h, w, ci, co, k, s, p = (shape[x] for x in ("n", "h", "w", "c_in", "c_out", "k", "stride", "pad"))
@@ -322,13 +325,25 @@ def ort_conv_model(shape: dict, seed: int = 0, weights: Optional[str] = None):
     scale = (rng.uniform(1, 2, co) * 2.0**-12).astype(np.float32)
     w_inputs = weight_inputs(e, w_oihw, "w", scale, weights or exact_weights_for_host())
     inits += e.inits
-    node = helper.make_node("QLinearConv", ["x", "one", "x_zp", *w_inputs, "one", "y_zp", "bias"],
-                            ["y"], kernel_shape=[k, k], strides=[s, s], pads=[p, p, p, p])
-    g = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TP.UINT8, [n, ci, h, w])],
-                          [helper.make_tensor_value_info("y", TP.UINT8, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    nodes = [helper.make_node("QLinearConv", ["x", "one", "x_zp", *w_inputs, "one", "y_zp", "bias"],
+                              ["y"], kernel_shape=[k, k], strides=[s, s], pads=[p, p, p, p])]
+    inputs = [helper.make_tensor_value_info("x", TP.UINT8, [n, ci, h, w])]
+    feed = {"x": rng.integers(0, 256, (n, ci, h, w)).astype(np.uint8)}
+    opsets = [helper.make_opsetid("", OPSET)]
+    if shape.get("epilogue") == "requantize+add":
+        ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        inits += [nh.from_array(np.float32(0.5), "half"), nh.from_array(np.uint8(90), "r_zp"),
+                  nh.from_array(np.uint8(110), "z_zp")]
+        nodes.append(helper.make_node("QLinearAdd", ["y", "one", "y_zp", "r", "half", "r_zp", "one", "z_zp"],
+                                      ["z"], domain="com.microsoft"))
+        inputs.append(helper.make_tensor_value_info("r", TP.UINT8, [n, co, ho, wo]))
+        feed["r"] = rng.integers(0, 256, (n, co, ho, wo)).astype(np.uint8)
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    out = nodes[-1].output[0]
+    g = helper.make_graph(nodes, "conv", inputs, [helper.make_tensor_value_info(out, TP.UINT8, None)], inits)
+    m = helper.make_model(g, opset_imports=opsets)
     m.ir_version = 8
-    return m, rng.integers(0, 256, (n, ci, h, w)).astype(np.uint8)
+    return m, feed
 
 
 __all__ += ["ort_conv_model"]

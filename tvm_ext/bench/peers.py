@@ -7,8 +7,9 @@ from the exact reference in uint8 steps instead of claiming a match.
 
 Per layer: every conv task of a tuning database is built from its best record and
 timed against one ORT ``QLinearConv`` of the same shape (NCHW, ORT's own layout),
-alternating the two in each round. A task that also fuses a residual add does more
-work than the single ORT op; its row says so (``epilogue``).
+alternating the two in each round. A task that also fuses a residual add is timed
+against the QLinearConv followed by ORT's ``QLinearAdd`` (its row's ``epilogue`` says
+``requantize+add``); until session 14 that peer was the lone QLinearConv.
 """
 from __future__ import annotations
 
@@ -174,9 +175,8 @@ def layer_rows(work_dir: str, target, threads: int, rounds: int = 10, repeat: in
             continue
         lib = tvm.compile(tuning.scheduled_mod(record, task.mod), target=target)
         args = [tvm.runtime.tensor(a, dev) for a in random_arrays(task.mod["main"], rng, int_range=(-100, 100))]
-        model, x = onnx_export.ort_conv_model(shape)
+        model, feed = onnx_export.ort_conv_model(shape)
         sess = onnx_export.ort_session(model, threads)
-        feed = {"x": x}
         secs = time_interleaved({"tvm": lambda: (lib["main"](*args), dev.sync()),
                                  "ort": lambda: sess.run(None, feed)}, rounds, repeat=repeat, log=log)
         row = {"shape": shape_label(shape), "task": task.name, "count": task.weight,
