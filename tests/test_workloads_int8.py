@@ -60,6 +60,29 @@ def test_q_multiply_shift_per_axis_rounding_matches_tvm():
     np.testing.assert_array_equal(tensors[-1].numpy(), expected)
 
 
+def test_int32_rescale_equals_the_int64_one_on_every_input():
+    """qnn._qmsa_int32 compiled by TVM against the int64 reference over every x a residual
+    add's input can take ((uint8 - zp) << 7: |x| < 2**15), with multipliers at 0, 1, the
+    16-bit split and 2**31 - 1, and right shifts 0..20 (>= 16 gives 0 there)."""
+    rng = np.random.default_rng(3)
+    x_np = np.arange(-(2**15) + 1, 2**15, dtype="int32")[:, None]
+    c = 32
+    mult_np = np.concatenate([[0, 1, 65535, 65536, 2**30, 2**31 - 1],
+                              rng.integers(0, 2**31, c - 6)]).astype("int32")
+    rshift_np = np.concatenate([[0, 15, 16, 17, 20, 1], rng.integers(0, 6, c - 6)]).astype("int32")
+    x = te.placeholder(x_np.shape, "int32", name="x")
+    xs = te.compute((x_np.shape[0], c), lambda i, j: x[i, 0], name="xs")
+    mult, rshift = (te.placeholder((c,), "int32", name=s) for s in ("m", "r"))
+    out = te.compute((x_np.shape[0], c), lambda i, j: qnn._qmsa_int32(xs[i, j], mult[j], rshift[j]), name="out")
+    lib = tvm.compile(te.create_prim_func([x, mult, rshift, out]), target=LLVM)
+    got = tvm.runtime.tensor(np.zeros((x_np.shape[0], c), "int32"))
+    lib(tvm.runtime.tensor(x_np), tvm.runtime.tensor(mult_np), tvm.runtime.tensor(rshift_np), got)
+    expected = qnn_reference.q_multiply_shift_per_axis(x_np, mult_np, 0, rshift_np)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert qnn.int32_rescale_fits(mult_np, rshift_np, 7) and not qnn.int32_rescale_fits(mult_np, rshift_np, 8)
+    assert not qnn.int32_rescale_fits(-mult_np, rshift_np, 0)
+
+
 def test_requantize_reference_matches_tvm_where_int32_overflows():
     """qnn.requantize compiled by TVM against qnn_reference.requantize, bit for bit, on
     accumulators at the int32 limits: ``acc - zp_corr + bias`` wraps (a plain int64

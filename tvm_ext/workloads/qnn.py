@@ -37,6 +37,36 @@ def _qmsa(x, mult, lshift, rshift, lshift_required=False):
     )
 
 
+INT32_RESCALE_MAX_X = 1 << 15  # |x| bound of _qmsa_int32
+
+
+def _qmsa_int32(x, mult, rshift):
+    """``_qmsa(x, mult, 0, rshift)`` in int32 arithmetic, for |x| < 2**15, 0 <= mult < 2**31,
+    rshift >= 0 (what a residual add's inputs are: (uint8 - zp) << at most 7). Exact:
+
+    with T = rshift + 31 and mult = mh * 2**16 + ml (0 <= ml < 2**16), floor division by
+    2**16 and then by 2**(T-16) is floor division by 2**T, and x*mh*2**16 and the rounding
+    term 2**(T-1) are multiples of 2**16, so (x*mult + 2**(T-1)) >> T equals
+    (x*mh + (x*ml >> 16) + 2**(T-17)) >> (T-16), every term within int32. For rshift >= 16
+    |x*mult| < 2**46 <= 2**(T-1) and the result is 0.
+
+    Why: the int64 form (``q_multiply_shift_per_axis``) runs in 8-lane int64 vectors, this
+    in 16-lane int32 ones; a residual task's epilogue has two such rescales per output."""
+    rs = tvm.tirx.min(rshift, 16)
+    mh = tvm.tirx.shift_right(mult, tvm.tirx.const(16, "int32"))
+    ml = tvm.tirx.bitwise_and(mult, tvm.tirx.const(0xFFFF, "int32"))
+    inner = x * mh + tvm.tirx.shift_right(x * ml, tvm.tirx.const(16, "int32")) \
+        + tvm.tirx.shift_left(tvm.tirx.const(1, "int32"), rs + 14)
+    return tvm.tirx.Select(rshift >= 16, tvm.tirx.const(0, "int32"), tvm.tirx.shift_right(inner, rs + 15))
+
+
+def int32_rescale_fits(mult, rshift, lshift: int) -> bool:
+    """Whether :func:`_qmsa_int32` is exact for an add input shifted left by ``lshift``
+    (including ``frac_bits``) with these per-channel constants (NumPy arrays)."""
+    return (255 << int(lshift)) < INT32_RESCALE_MAX_X and bool(np.all(np.asarray(mult) >= 0)) \
+        and bool(np.all(np.asarray(rshift) >= 0))
+
+
 def _clip_u8(x, lo=0, hi=255):
     return tvm.tirx.max(tvm.tirx.min(x, int(hi)), int(lo)).astype("uint8")
 
@@ -140,13 +170,16 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255
 
 
 def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
-                   lshift_a=0, lshift_b=0, frac_bits=0, channel_axes=None):
+                   lshift_a=0, lshift_b=0, frac_bits=0, channel_axes=None, int32_rescale=False):
     """Residual add of two uint8 tensors, each requantized to the output scale.
 
     Per-channel constants as in :func:`requantize` (``(C,)`` on the last axis by default);
     ``lshift_a``/``lshift_b`` multiply an input by a power of two first (scale ratios >= 1);
     ``frac_bits`` keeps that many fractional bits in both terms and rounds their sum once
     (half up), as ONNX Runtime's float QLinearAdd does, instead of rounding each term.
+    ``int32_rescale``: the two rescales in int32 lanes (:func:`_qmsa_int32`, the same
+    values; the caller checks :func:`int32_rescale_fits`). Off by default: it changes the
+    TIR, and so the databases, of the layouts tuned before it existed.
     """
     zp = const_scalar(zp_out)
     zero = tvm.tirx.const(0, "int32")
@@ -156,8 +189,12 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
         def at(const):
             return _per_channel(const, idx, axes)
 
-        ra = _qmsa(_shl(a(*idx).astype("int32") - int(zp_a), lshift_a + frac_bits), at(mult_a), zero, at(rshift_a))
-        rb = _qmsa(_shl(b(*idx).astype("int32") - int(zp_b), lshift_b + frac_bits), at(mult_b), zero, at(rshift_b))
+        xa = _shl(a(*idx).astype("int32") - int(zp_a), lshift_a + frac_bits)
+        xb = _shl(b(*idx).astype("int32") - int(zp_b), lshift_b + frac_bits)
+        if int32_rescale:
+            ra, rb = _qmsa_int32(xa, at(mult_a), at(rshift_a)), _qmsa_int32(xb, at(mult_b), at(rshift_b))
+        else:
+            ra, rb = _qmsa(xa, at(mult_a), zero, at(rshift_a)), _qmsa(xb, at(mult_b), zero, at(rshift_b))
         total = ra + rb
         if frac_bits:
             total = tvm.tirx.shift_right(total + (1 << (frac_bits - 1)), tvm.tirx.const(frac_bits, "int32"))

@@ -12,7 +12,10 @@ rows of [16 outputs][4 inputs]. So, compared with the VNNI emission of ``qnn_pac
   bytes of one (output block, input block, kh, kw) are one B tile (rows 64 bytes apart);
   an output channel ``o`` of a 64-block reads weight block ``o // 16`` and lane ``o % 16``;
 * requantize, residual add, pooling and the classifier are ``qnn_packed``'s, on 64-channel
-  blocks (its per-channel constants and channel axes follow the block size);
+  blocks (its per-channel constants and channel axes follow the block size); the residual
+  add rescales its two inputs in int32 lanes (``qnn._qmsa_int32``, same values): its
+  epilogue was three int64 ``q_multiply_shift`` per output, the most expensive part of the
+  residual tasks after AMX made the convs fast;
 * an imported model's convs that are grouped or whose outputs are not a multiple of 64
   (``tvm-ext import --layout amx``) are emitted as ``qnn_packed`` does (16-lane blocks),
   and convs reading them are left to VNNI by the AMX rule.
@@ -70,7 +73,10 @@ def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride=1, pad=0,
 
 
 class AMXEmitter(PackedEmitter):
-    """``PackedEmitter`` with 64-channel activation blocks (see the module doc)."""
+    """``PackedEmitter`` with 64-channel activation blocks (see the module doc), and the
+    residual adds' two rescales in int32 lanes where that is exact (``qnn._qmsa_int32``)."""
+
+    int32_rescale = True
 
     def input(self, bb, var) -> Packed:
         if str(var.ty.dtype) != "uint8":  # an imported model's float input: packed after its quantize

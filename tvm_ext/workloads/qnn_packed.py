@@ -172,8 +172,15 @@ class PackedEmitter:
                          primfunc_name_hint="requantize")
         return replace(acc, var=out)
 
+    int32_rescale = False  # residual adds' rescales in int32 lanes where exact (qnn._qmsa_int32)
+
     def _add_requantize(self, bb, a: Packed, b: Packed, *consts, **zps) -> Packed:
         assert (a.channels, a.cb) == (b.channels, b.cb)
+        mult_a, rshift_a, mult_b, rshift_b = consts
+        frac = zps.get("frac_bits", 0)
+        if self.int32_rescale and qnn.int32_rescale_fits(mult_a, rshift_a, zps.get("lshift_a", 0) + frac) \
+                and qnn.int32_rescale_fits(mult_b, rshift_b, zps.get("lshift_b", 0) + frac):
+            zps = dict(zps, int32_rescale=True)
         consts = [relax.const(a.per_channel(c)) for c in consts]
         out = bb.emit_te(qnn.add_requantize, a.var, b.var, *consts, **zps, channel_axes=a.channel_axes,
                          primfunc_name_hint="add_requantize")
