@@ -190,6 +190,23 @@ def _init_impl(c: T.handle, rows: T.int32) -> None:
                                       C.access_ptr("w"), T.int64(sc) * T.int64(4)))
 
 
+@T.macro
+def _dots(C, sc, n, A, a_step, a_row, B, b_step, sb):
+    """C loaded once, ``n`` dots of A and B tiles ``a_step`` / ``b_step`` elements apart
+    (A's rows ``a_row`` bytes apart), C stored once: the multi-dot impls' body."""
+    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_C),
+                                  C.access_ptr("r"), T.int64(sc) * T.int64(4)))
+    for r in T.unroll(n):
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_A),
+                                      A.access_ptr("r", offset=r * a_step), T.int64(a_row)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_B),
+                                      B.access_ptr("r", offset=r * b_step), T.int64(sb)))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(TILE_C), T.int8(TILE_A),
+                                      T.int8(TILE_B)))
+    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(TILE_C),
+                                  C.access_ptr("w"), T.int64(sc) * T.int64(4)))
+
+
 @T.prim_func(s_tir=True)
 def _dot_desc_taps(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32,
                    taps: T.int32) -> None:
@@ -219,17 +236,7 @@ def _dot_impl_taps(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride:
     with T.sblock("root"):
         T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + taps, 0:64], B[0:taps, 0:16, 0:16, 0:4])
         T.writes(C[0:rows, 0:16])
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_C),
-                                      C.access_ptr("r"), T.int64(sc) * T.int64(4)))
-        for r in T.unroll(taps):
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_A),
-                                          A.access_ptr("r", offset=r * sa), T.int64(sa) * T.int64(stride)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_B),
-                                          B.access_ptr("r", offset=r * sr), T.int64(sb)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(TILE_C), T.int8(TILE_A),
-                                          T.int8(TILE_B)))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(TILE_C),
-                                      C.access_ptr("w"), T.int64(sc) * T.int64(4)))
+        _dots(C, sc, taps, A, sa, sa * stride, B, sr, sb)
 
 
 # The chained variant's A and B keep the conv's unit dimensions between the input-channel
@@ -253,36 +260,34 @@ def _dot_desc_chain(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride
                     T.cast(B[vr, 0, 0, vk4, vn, vki], "int32")
 
 
-@T.prim_func(s_tir=True)
-def _dot_impl_chain(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32,
-                    chain: T.int32) -> None:
-    ra = T.int32()
-    ya = T.int32()
-    sa = T.int32()
-    rb = T.int32()
-    hb = T.int32()
-    wb = T.int32()
-    sb = T.int32()
-    sc = T.int32()
-    A = T.match_buffer(a, (chain, 1, (rows - 1) * stride + 1, 64), "uint8", offset_factor=1,
-                       strides=[ra, ya, sa, 1])
-    B = T.match_buffer(b, (chain, 1, 1, 16, 16, 4), "int8", offset_factor=1, strides=[rb, hb, wb, sb, 4, 1])
-    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
-    with T.sblock("root"):
-        T.reads(C[0:rows, 0:16], A[0:chain, 0:1, 0:(rows - 1) * stride + 1, 0:64],
-                B[0:chain, 0:1, 0:1, 0:16, 0:16, 0:4])
-        T.writes(C[0:rows, 0:16])
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_C),
-                                      C.access_ptr("r"), T.int64(sc) * T.int64(4)))
-        for r in T.unroll(chain):
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_A),
-                                          A.access_ptr("r", offset=r * ra), T.int64(sa) * T.int64(stride)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tileloadd64", T.int8(TILE_B),
-                                          B.access_ptr("r", offset=r * rb), T.int64(sb)))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tdpbusd", T.int8(TILE_C), T.int8(TILE_A),
-                                          T.int8(TILE_B)))
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(TILE_C),
-                                      C.access_ptr("w"), T.int64(sc) * T.int64(4)))
+def _chain_impl(emulated: bool):
+    """The chained dot's impl, or (``emulated``) its plain-code twin (see below): one
+    template, the branch taken when it is parsed."""
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32, chain: T.int32) -> None:
+        ra = T.int32()
+        ya = T.int32()
+        sa = T.int32()
+        rb = T.int32()
+        hb = T.int32()
+        wb = T.int32()
+        sb = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (chain, 1, (rows - 1) * stride + 1, 64), "uint8", offset_factor=1,
+                           strides=[ra, ya, sa, 1])
+        B = T.match_buffer(b, (chain, 1, 1, 16, 16, 4), "int8", offset_factor=1, strides=[rb, hb, wb, sb, 4, 1])
+        C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:rows, 0:16], A[0:chain, 0:1, 0:(rows - 1) * stride + 1, 0:64],
+                    B[0:chain, 0:1, 0:1, 0:16, 0:16, 0:4])
+            T.writes(C[0:rows, 0:16])
+            if emulated:
+                _dots_emulated(C, sc, rows, chain, A, ra, sa * stride, B, rb, sb)
+            else:
+                _dots(C, sc, chain, A, ra, sa * stride, B, rb, sb)
+
+    return impl
 
 
 # Plain-code twins of the impls, for hosts without AMX: the same buffers, base
@@ -292,6 +297,18 @@ def _dot_impl_chain(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride
 # sx(B[k4].byte[4 n + i])). Tests run the rule's candidates with them bit for bit against
 # NumPy, which checks every address and layout the real instructions would use.
 _FLAT = 1 << 30  # extent of the flat views (unchecked; only the indices below are read)
+
+
+@T.macro
+def _dots_emulated(C, sc, rows, n, A, a_step, a_row, B, b_step, sb):
+    """``_dots`` in plain code (see above): the same addresses, tdpbusd's arithmetic."""
+    a_tile = T.decl_buffer((_FLAT,), "uint8", data=A.data)
+    b_tile = T.decl_buffer((_FLAT,), "int8", data=B.data)
+    c_tile = T.decl_buffer((_FLAT,), "int32", data=C.data)
+    for r, m, j, k4, i in T.grid(n, rows, 16, 16, 4):
+        c_tile[C.elem_offset + m * sc + j] = c_tile[C.elem_offset + m * sc + j] + T.Cast(
+            "int32", a_tile[A.elem_offset + r * a_step + m * a_row + k4 * 4 + i]) * T.Cast(
+            "int32", b_tile[B.elem_offset + r * b_step + k4 * sb + j * 4 + i])
 
 
 @T.prim_func(s_tir=True)
@@ -327,41 +344,7 @@ def _dot_impl_taps_emulated(a: T.handle, b: T.handle, c: T.handle, rows: T.int32
     with T.sblock("root"):
         T.reads(C[0:rows, 0:16], A[0:(rows - 1) * stride + taps, 0:64], B[0:taps, 0:16, 0:16, 0:4])
         T.writes(C[0:rows, 0:16])
-        a_tile = T.decl_buffer((_FLAT,), "uint8", data=A.data)
-        b_tile = T.decl_buffer((_FLAT,), "int8", data=B.data)
-        c_tile = T.decl_buffer((_FLAT,), "int32", data=C.data)
-        for r, m, n, k4, i in T.grid(taps, rows, 16, 16, 4):
-            c_tile[C.elem_offset + m * sc + n] = c_tile[C.elem_offset + m * sc + n] + T.Cast(
-                "int32", a_tile[A.elem_offset + r * sa + m * (sa * stride) + k4 * 4 + i]) * T.Cast(
-                "int32", b_tile[B.elem_offset + r * sr + k4 * sb + n * 4 + i])
-
-
-@T.prim_func(s_tir=True)
-def _dot_impl_chain_emulated(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32,
-                             chain: T.int32) -> None:
-    ra = T.int32()
-    ya = T.int32()
-    sa = T.int32()
-    rb = T.int32()
-    hb = T.int32()
-    wb = T.int32()
-    sb = T.int32()
-    sc = T.int32()
-    A = T.match_buffer(a, (chain, 1, (rows - 1) * stride + 1, 64), "uint8", offset_factor=1,
-                       strides=[ra, ya, sa, 1])
-    B = T.match_buffer(b, (chain, 1, 1, 16, 16, 4), "int8", offset_factor=1, strides=[rb, hb, wb, sb, 4, 1])
-    C = T.match_buffer(c, (rows, 16), "int32", offset_factor=1, strides=[sc, 1])
-    with T.sblock("root"):
-        T.reads(C[0:rows, 0:16], A[0:chain, 0:1, 0:(rows - 1) * stride + 1, 0:64],
-                B[0:chain, 0:1, 0:1, 0:16, 0:16, 0:4])
-        T.writes(C[0:rows, 0:16])
-        a_tile = T.decl_buffer((_FLAT,), "uint8", data=A.data)
-        b_tile = T.decl_buffer((_FLAT,), "int8", data=B.data)
-        c_tile = T.decl_buffer((_FLAT,), "int32", data=C.data)
-        for r, m, n, k4, i in T.grid(chain, rows, 16, 16, 4):
-            c_tile[C.elem_offset + m * sc + n] = c_tile[C.elem_offset + m * sc + n] + T.Cast(
-                "int32", a_tile[A.elem_offset + r * ra + m * (sa * stride) + k4 * 4 + i]) * T.Cast(
-                "int32", b_tile[B.elem_offset + r * rb + k4 * sb + n * 4 + i])
+        _dots_emulated(C, sc, rows, taps, A, sa, sa * stride, B, sr, sb)
 
 
 @T.prim_func(s_tir=True)
@@ -374,6 +357,9 @@ def _init_impl_emulated(c: T.handle, rows: T.int32) -> None:
         c_tile = T.decl_buffer((_FLAT,), "int32", data=C.data)
         for m, n in T.grid(rows, 16):
             c_tile[C.elem_offset + m * sc + n] = 0
+
+
+_dot_impl_chain, _dot_impl_chain_emulated = _chain_impl(False), _chain_impl(True)
 
 
 def _specialize(func, *values):
