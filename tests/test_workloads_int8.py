@@ -60,27 +60,37 @@ def test_q_multiply_shift_per_axis_rounding_matches_tvm():
     np.testing.assert_array_equal(tensors[-1].numpy(), expected)
 
 
-def test_int32_rescale_equals_the_int64_one_on_every_input():
-    """qnn._qmsa_int32 compiled by TVM against the int64 reference over every x a residual
-    add's input can take ((uint8 - zp) << 7: |x| < 2**15), with multipliers at 0, 1, the
-    16-bit split and 2**31 - 1, and right shifts 0..20 (>= 16 gives 0 there)."""
+@pytest.mark.parametrize("pre", [0, 7, 16, 18])
+def test_int32_rescale_equals_the_int64_one_on_every_input(pre):
+    """qnn._qmsa_int32 compiled by TVM against the int64 reference of q_multiply_shift on
+    (d << pre) for every d a residual add's input can take (uint8 - zp: -255..255), with
+    multipliers at 0, 1, the 16-bit split and 2**31 - 1 and right shifts where the result
+    becomes 0; pre 0 and 7 take the shifted form, 16 (an imported model's 16 fractional
+    bits) and 18 the unshifted one."""
     rng = np.random.default_rng(3)
-    x_np = np.arange(-(2**15) + 1, 2**15, dtype="int32")[:, None]
+    d_np = np.arange(-255, 256, dtype="int32")[:, None]
     c = 32
     mult_np = np.concatenate([[0, 1, 65535, 65536, 2**30, 2**31 - 1],
                               rng.integers(0, 2**31, c - 6)]).astype("int32")
-    rshift_np = np.concatenate([[0, 15, 16, 17, 20, 1], rng.integers(0, 6, c - 6)]).astype("int32")
-    x = te.placeholder(x_np.shape, "int32", name="x")
-    xs = te.compute((x_np.shape[0], c), lambda i, j: x[i, 0], name="xs")
+    low = max(0, pre - 21)  # the unshifted form needs rshift + 31 - pre >= 10
+    rshift_np = np.concatenate([[low, 15, 16, 17, 30, low + 1], rng.integers(low, low + 6, c - 6)]).astype("int32")
+    assert qnn.int32_rescale_fits(mult_np, rshift_np, pre)
+    d = te.placeholder(d_np.shape, "int32", name="d")
     mult, rshift = (te.placeholder((c,), "int32", name=s) for s in ("m", "r"))
-    out = te.compute((x_np.shape[0], c), lambda i, j: qnn._qmsa_int32(xs[i, j], mult[j], rshift[j]), name="out")
-    lib = tvm.compile(te.create_prim_func([x, mult, rshift, out]), target=LLVM)
-    got = tvm.runtime.tensor(np.zeros((x_np.shape[0], c), "int32"))
-    lib(tvm.runtime.tensor(x_np), tvm.runtime.tensor(mult_np), tvm.runtime.tensor(rshift_np), got)
-    expected = qnn_reference.q_multiply_shift_per_axis(x_np, mult_np, 0, rshift_np)
+    out = te.compute((d_np.shape[0], c), lambda i, j: qnn._qmsa_int32(d[i, 0], mult[j], rshift[j], pre), name="out")
+    lib = tvm.compile(te.create_prim_func([d, mult, rshift, out]), target=LLVM)
+    got = tvm.runtime.tensor(np.zeros((d_np.shape[0], c), "int32"))
+    lib(tvm.runtime.tensor(d_np), tvm.runtime.tensor(mult_np), tvm.runtime.tensor(rshift_np), got)
+    expected = qnn_reference.q_multiply_shift_per_axis(d_np.astype(np.int64) << pre, mult_np, 0, rshift_np)
     np.testing.assert_array_equal(got.numpy(), expected)
-    assert qnn.int32_rescale_fits(mult_np, rshift_np, 7) and not qnn.int32_rescale_fits(mult_np, rshift_np, 8)
-    assert not qnn.int32_rescale_fits(-mult_np, rshift_np, 0)
+    assert len(np.unique(expected)) > 100  # not all rounded away
+
+
+def test_int32_rescale_fits_only_where_exact():
+    mult, rshift = np.array([2**30, 2**31 - 1], "int32"), np.array([0, 3], "int32")
+    assert qnn.int32_rescale_fits(mult, rshift, 7) and qnn.int32_rescale_fits(mult, rshift, 8)  # both forms
+    assert qnn.int32_rescale_fits(mult, rshift, 21) and not qnn.int32_rescale_fits(mult, rshift, 22)
+    assert not qnn.int32_rescale_fits(-mult, rshift, 0) and not qnn.int32_rescale_fits(mult, -rshift - 1, 0)
 
 
 def test_requantize_reference_matches_tvm_where_int32_overflows():

@@ -37,34 +37,51 @@ def _qmsa(x, mult, lshift, rshift, lshift_required=False):
     )
 
 
-INT32_RESCALE_MAX_X = 1 << 15  # |x| bound of _qmsa_int32
+INT32_RESCALE_MAX_X = 1 << 15  # |x| bound of _qmsa_int32's shifted form
+INT32_RESCALE_MIN_U = 10  # least total shift (rshift + 31 - pre) of its unshifted form
 
 
-def _qmsa_int32(x, mult, rshift):
-    """``_qmsa(x, mult, 0, rshift)`` in int32 arithmetic, for |x| < 2**15, 0 <= mult < 2**31,
-    rshift >= 0 (what a residual add's inputs are: (uint8 - zp) << at most 7). Exact:
+def _qmsa_int32(d, mult, rshift, pre: int = 0):
+    """``_qmsa(d << pre, mult, 0, rshift)`` in int32 arithmetic, for a residual add's input
+    ``d`` = uint8 - zp (|d| <= 255), 0 <= mult < 2**31, rshift >= 0. Exact:
 
-    with T = rshift + 31 and mult = mh * 2**16 + ml (0 <= ml < 2**16), floor division by
-    2**16 and then by 2**(T-16) is floor division by 2**T, and x*mh*2**16 and the rounding
-    term 2**(T-1) are multiples of 2**16, so (x*mult + 2**(T-1)) >> T equals
-    (x*mh + (x*ml >> 16) + 2**(T-17)) >> (T-16), every term within int32. For rshift >= 16
-    |x*mult| < 2**46 <= 2**(T-1) and the result is 0.
+    * ``pre`` <= 7: x = d << pre (|x| < 2**15). With T = rshift + 31 and mult = mh * 2**16
+      + ml (0 <= ml < 2**16), floor division by 2**16 and then by 2**(T-16) is floor division
+      by 2**T, and x*mh*2**16 and the rounding term 2**(T-1) are multiples of 2**16, so
+      (x*mult + 2**(T-1)) >> T equals (x*mh + (x*ml >> 16) + 2**(T-17)) >> (T-16), every term
+      within int32. For rshift >= 16 |x*mult| < 2**46 <= 2**(T-1) and the result is 0.
+    * ``pre`` > 7 (an imported model's adds keep 16 fractional bits): 2**pre divides both
+      x*mult and 2**(T-1), so the result is (d*mult + 2**(U-1)) >> U with U = T - pre, the same
+      split at s = min(16, U - 1) bits (per channel); 0 for U >= 40 (|d*mult| < 2**39). Needs
+      U >= 10 (``int32_rescale_fits`` checks), so that d*mh stays within int32.
 
     Why: the int64 form (``q_multiply_shift_per_axis``) runs in 8-lane int64 vectors, this
     in 16-lane int32 ones; a residual task's epilogue has two such rescales per output."""
-    rs = tvm.tirx.min(rshift, 16)
-    mh = tvm.tirx.shift_right(mult, tvm.tirx.const(16, "int32"))
-    ml = tvm.tirx.bitwise_and(mult, tvm.tirx.const(0xFFFF, "int32"))
-    inner = x * mh + tvm.tirx.shift_right(x * ml, tvm.tirx.const(16, "int32")) \
-        + tvm.tirx.shift_left(tvm.tirx.const(1, "int32"), rs + 14)
-    return tvm.tirx.Select(rshift >= 16, tvm.tirx.const(0, "int32"), tvm.tirx.shift_right(inner, rs + 15))
+    i32 = lambda v: tvm.tirx.const(v, "int32")  # noqa: E731
+    sr, sl, band, lo, hi = (tvm.tirx.shift_right, tvm.tirx.shift_left, tvm.tirx.bitwise_and,
+                            tvm.tirx.min, tvm.tirx.max)
+    if pre <= 7:
+        x = _shl(d, pre)
+        rs = lo(rshift, 16)
+        mh, ml = sr(mult, i32(16)), band(mult, i32(0xFFFF))
+        inner = x * mh + sr(x * ml, i32(16)) + sl(i32(1), rs + 14)
+        return tvm.tirx.Select(rshift >= 16, i32(0), sr(inner, rs + 15))
+    u = rshift + (31 - pre)
+    uc = lo(u, 40)
+    split = lo(uc - 1, 16)
+    mh, ml = sr(mult, split), band(mult, sl(i32(1), split) - 1)
+    inner = d * mh + sr(d * ml, split) + sl(i32(1), hi(uc - 1 - split, 0))
+    return tvm.tirx.Select(u >= 40, i32(0), sr(inner, uc - split))
 
 
-def int32_rescale_fits(mult, rshift, lshift: int) -> bool:
-    """Whether :func:`_qmsa_int32` is exact for an add input shifted left by ``lshift``
-    (including ``frac_bits``) with these per-channel constants (NumPy arrays)."""
-    return (255 << int(lshift)) < INT32_RESCALE_MAX_X and bool(np.all(np.asarray(mult) >= 0)) \
-        and bool(np.all(np.asarray(rshift) >= 0))
+def int32_rescale_fits(mult, rshift, pre: int) -> bool:
+    """Whether :func:`_qmsa_int32` is exact for an add input shifted left by ``pre`` (lshift
+    and ``frac_bits``) with these per-channel constants (NumPy arrays)."""
+    mult, rshift = np.asarray(mult), np.asarray(rshift)
+    if mult.size == 0 or mult.min() < 0 or rshift.min() < 0:
+        return False
+    return (255 << int(pre)) < INT32_RESCALE_MAX_X if pre <= 7 \
+        else int(rshift.min()) + 31 - int(pre) >= INT32_RESCALE_MIN_U
 
 
 def _clip_u8(x, lo=0, hi=255):
@@ -189,12 +206,13 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
         def at(const):
             return _per_channel(const, idx, axes)
 
-        xa = _shl(a(*idx).astype("int32") - int(zp_a), lshift_a + frac_bits)
-        xb = _shl(b(*idx).astype("int32") - int(zp_b), lshift_b + frac_bits)
+        da, db = a(*idx).astype("int32") - int(zp_a), b(*idx).astype("int32") - int(zp_b)
+        pa, pb = lshift_a + frac_bits, lshift_b + frac_bits
         if int32_rescale:
-            ra, rb = _qmsa_int32(xa, at(mult_a), at(rshift_a)), _qmsa_int32(xb, at(mult_b), at(rshift_b))
+            ra, rb = _qmsa_int32(da, at(mult_a), at(rshift_a), pa), _qmsa_int32(db, at(mult_b), at(rshift_b), pb)
         else:
-            ra, rb = _qmsa(xa, at(mult_a), zero, at(rshift_a)), _qmsa(xb, at(mult_b), zero, at(rshift_b))
+            ra = _qmsa(_shl(da, pa), at(mult_a), zero, at(rshift_a))
+            rb = _qmsa(_shl(db, pb), at(mult_b), zero, at(rshift_b))
         total = ra + rb
         if frac_bits:
             total = tvm.tirx.shift_right(total + (1 << (frac_bits - 1)), tvm.tirx.const(frac_bits, "int32"))
