@@ -101,3 +101,23 @@ class FileBuilder(PyBuilder):
             os.close(fd)
             results.append(BuilderResult(path, None))
         return results
+
+
+def test_saved_task_follows_a_changed_workload(tmp_path):
+    """A task whose TIR changed under the same name (the workload's code changed) replaces
+    the stored module, so report and bench look up the records of what is compiled now; an
+    unchanged one is not rewritten."""
+    from tvm_ext.tune.driver import Task, load_tasks, save_tasks
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tvm_ext.json").write_text("{}")
+    old, new, other = (tvm.IRModule({"main": requantize_primfunc(rows)}) for rows in (8, 16, 4))
+    meta = {"tasks": []}
+    save_tasks(str(tmp_path), meta, [Task("t", 1, old), Task("u", 2, other)])
+    kept = tmp_path / meta["tasks"][1]["file"]
+    stamp = kept.stat().st_mtime_ns
+    save_tasks(str(tmp_path), meta, [Task("t", 1, new), Task("u", 2, other)])
+    t, u = load_tasks(str(tmp_path), meta)
+    tvm.ir.assert_structural_equal(t.mod, new)
+    tvm.ir.assert_structural_equal(u.mod, other)
+    assert kept.stat().st_mtime_ns == stamp

@@ -39,15 +39,25 @@ def extract_tasks(workload, target) -> list[Task]:
 
 
 def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
-    """Store every task's module so that reports need not rebuild the workload."""
+    """Store every task's module so that reports need not rebuild the workload.
+
+    A stored module that differs from the task's (the workload's code changed a task's TIR,
+    its name staying the same) is replaced: reports, the per-layer bench and the estimate
+    must look up the records of the module that is tuned and compiled now, not the old one's
+    (whose records stay in the database, unused)."""
     entries = []
     spent = {e["name"]: e["tuning_s"] for e in meta.get("tasks", []) if "tuning_s" in e}
     for i, task in enumerate(tasks):
         file = os.path.join("tasks", f"{i:03d}_{task.name[:80]}.json")
         path = os.path.join(work_dir, file)
-        if not os.path.isfile(path):
+        text = tvm.ir.save_json(task.mod)
+        stored = None
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                stored = f.read()
+        if stored != text:
             with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.write(tvm.ir.save_json(task.mod))
+                f.write(text)
             os.replace(path + ".tmp", path)
         entry = {"name": task.name, "weight": task.weight, "file": file}
         if task.name in spent:  # kept across resumed runs
