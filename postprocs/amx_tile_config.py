@@ -26,10 +26,9 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.postproc import PyPostproc
-from tvm.s_tir.stmt import SBlockRealize
 
 from tvm_ext.intrinsics.amx import DOT_PREFIX, init_for_dot, register_intrinsics
-from tvm_ext.tir_utils import blocks_of, collect, prim_funcs
+from tvm_ext.tir_utils import block_realize, blocks_of, collect, prim_funcs
 
 AUTO_TENSORIZE = "meta_schedule.auto_tensorize"
 
@@ -75,8 +74,7 @@ def tensorize_with_tile_config(sch, block_name: str, func_name: str, intrin: str
 def _has_reduction_loop(sch, block, loops, func_name: str) -> bool:
     """Whether any of ``loops`` binds a reduction iterator of ``block``."""
     stmt = sch.get(block)
-    (realize,) = [r for r in collect(sch.mod[func_name].body, SBlockRealize)
-                  if r.block.same_as(stmt)] or [None]
+    realize = block_realize(sch, block, func_name)
     if realize is None:
         return True
     loop_vars = {sch.get(loop).loop_var for loop in loops}

@@ -39,11 +39,10 @@ from tvm.s_tir.meta_schedule.schedule_rule import (
     ScheduleRule,
 )
 from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
-from tvm.s_tir.stmt import SBlockRealize
 
-from tvm_ext.intrinsics.amx import CHAIN, STRIDES, register_dot
+from tvm_ext.intrinsics.amx import CHAIN, STRIDES, k_form_of, register_dot
 from tvm_ext.postprocs.amx_tile_config import AUTO_TENSORIZE, amx_blocks, tensorize_with_tile_config
-from tvm_ext.tir_utils import collect
+from tvm_ext.tir_utils import block_realize, collect
 from tvm_ext.rules.vnni_tensorize import (fuse_epilogue, operands_packed, protect_tensorization,
                                           tiling_options)
 
@@ -87,16 +86,15 @@ def tile_chained(sch, block, intrin: str):
     the 16 x 4 of one block; the kernel loops stay outside."""
     from tvm.sym import detect_linear_equation  # pylint: disable=import-outside-toplevel
 
-    chain = CHAIN[intrin.removesuffix("_emu").split("_")[-1]]
-    rows, _ = tile_rows_and_stride(sch.get(block))
+    chain = CHAIN[k_form_of(intrin)]
     stmt = sch.get(block)
+    rows, _ = tile_rows_and_stride(stmt)
     loops = sch.get_loops(block)
-    func = sch.mod[sch.func_working_on] if sch.func_working_on is not None else sch.mod["main"]
-    realize = [r for r in collect(func.body, SBlockRealize) if r.block.same_as(stmt)]
-    if len(realize) != 1 or len(loops) != len(stmt.iter_vars):
+    realize = block_realize(sch, block)
+    if realize is None or len(loops) != len(stmt.iter_vars):
         return None
     loop_of = {}
-    for iv, value, loop in zip(stmt.iter_vars, realize[0].iter_values, loops):
+    for iv, value, loop in zip(stmt.iter_vars, realize.iter_values, loops):
         if not (isinstance(value, tirx.Var) and value.same_as(sch.get(loop).loop_var)):
             return None  # not a fresh block: its loops are not its iterators one to one
         loop_of[iv.var] = (loop, int(iv.dom.extent))
@@ -175,7 +173,7 @@ class AMXTensorize(PyScheduleRule):
     def choose_intrin(self, sch, block) -> str | None:
         """The one-dot variant ``block`` tiles with, or None (see ``choose_intrins``)."""
         plain = [i for i in self.choose_intrins(sch, block)
-                 if i.removesuffix("_emu").split("_")[-1] in ("k4", "k")]
+                 if k_form_of(i) in ("k4", "k")]
         return plain[0] if plain else None
 
     def apply(self, sch, block):
@@ -210,7 +208,7 @@ class AMXTensorize(PyScheduleRule):
     @staticmethod
     def _tile_loop(sch, block, intrin: str):
         """The outermost loop of ``block``'s tile for ``intrin`` (None: it does not fit)."""
-        if intrin.removesuffix("_emu").split("_")[-1] in CHAIN:
+        if k_form_of(intrin) in CHAIN:
             return tile_chained(sch, block, intrin)
         return tile_with_tensor_intrin(sch, block, intrin)
 

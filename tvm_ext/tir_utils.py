@@ -40,6 +40,17 @@ def blocks_of(func: tirx.PrimFunc) -> list[SBlock]:
     return [r.block for r in realizes if root is None or not r.block.same_as(root)]
 
 
+def block_realize(sch, block, func_name: Optional[str] = None) -> Optional[SBlockRealize]:
+    """The SBlockRealize of ``block`` (a block RV of ``sch``): its iterators' bindings, which
+    a Schedule does not hand out. ``func_name``: the function it lies in (default: the one the
+    schedule works on, else ``main``); None when it is not found once."""
+    if func_name is None:
+        func_name = sch.func_working_on if sch.func_working_on is not None else "main"
+    stmt = sch.get(block)
+    found = [r for r in collect(sch.mod[func_name].body, SBlockRealize) if r.block.same_as(stmt)]
+    return found[0] if len(found) == 1 else None
+
+
 def root_child_blocks(func) -> Optional[tuple]:
     """(a Schedule of ``func`` as ``main``, the block RVs right under its root block), or None
     when ``func`` is not a PrimFunc with a root block."""

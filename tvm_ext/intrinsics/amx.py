@@ -23,7 +23,8 @@ L1), once per 3 dots for "k4t3" and per 2 or 4 for the chained forms. Measured o
 Sapphire Rapids guest (``rdtsc``, one thread, 32 C tiles in turn): ~80 cycles per dot
 with C loaded and stored around it, ~32 per dot in a chain of 4. The init intrinsic of the
 same rows (``init_intrin``) makes sure the thread's tile configuration is this one
-(``sttilecfg``, and ``ldtilecfg``, palette 1, where it is not) and zeroes C; ``postprocs.AMXTileConfig`` makes sure every AMX block's init was tensorized
+(``sttilecfg``, and ``ldtilecfg``, palette 1, where it is not) and zeroes C;
+``postprocs.AMXTileConfig`` makes sure every AMX block's init was tensorized
 with it, so the configuration is loaded before the first tile instruction of every
 output tile, in every thread, and the trace records it (databases replay it).
 
@@ -66,6 +67,11 @@ def dot_intrin(rows: int = 16, stride: int = 1, k_form: str = "k4", emulated: bo
 def init_intrin(rows: int = 16, emulated: bool = False) -> str:
     """Name of the config + zero intrinsic for a C tile of ``rows`` rows."""
     return f"{INIT_PREFIX}_m{rows}" + ("_emu" if emulated else "")
+
+
+def k_form_of(dot_name: str) -> str:
+    """The reduction form of a dot intrinsic's name (``dot_intrin``'s ``k_form``)."""
+    return dot_name.removesuffix("_emu").split("_")[-1]
 
 
 def init_for_dot(dot_name: str) -> str:
@@ -239,10 +245,11 @@ def _dot_impl_taps(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride:
         _dots(C, sc, taps, A, sa, sa * stride, B, sr, sb)
 
 
-# The chained variant's A and B keep the conv's unit dimensions between the input-channel
-# block and the tile (A: the kernel row, B: kernel row and column), so that the tile's
-# dimensions line up with the innermost ones of the conv's operands when the rule maps
-# the intrinsic onto the block (TVM matches them from the innermost dimension out).
+# The chained variant's A and B keep the unit dimensions the conv's operands have between
+# the input-channel block and the tile (A: the kernel row; B: kernel row and column), so
+# that they have the shape of the operand regions the rule's tile reads. (TVM's
+# tile_with_tensor_intrin maps neither this form nor the one without them onto a conv: the
+# rule tiles the chained form itself, rules.amx_tensorize.tile_chained.)
 @T.prim_func(s_tir=True)
 def _dot_desc_chain(a: T.handle, b: T.handle, c: T.handle, rows: T.int32, stride: T.int32,
                     chain: T.int32) -> None:
