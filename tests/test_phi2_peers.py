@@ -67,6 +67,38 @@ def test_copies_exceed_twice_the_llc(nbytes):
     assert c == 1 or (c - 1) * nbytes < 2 * llc  # no more than needed
 
 
+def test_copy_plan_fits_the_memory(tmp_path):
+    """A 480 MiB LLC with 23 GiB of memory (a host where 40 runtimes x 2x-LLC copies were
+    killed for memory): each runtime gets a smaller cycle, the sweep is on, and all copies plus
+    the sweep buffer fit in the memory share; a 32 MiB LLC keeps the full cycle, no sweep."""
+    llc, avail = 480 * 2**20, 23 * 2**30
+    small = dram.CopyPlan.within_memory(32 * 2**20, 40, available=avail)
+    assert not small.sweep and small.cycle_bytes == 2 * 32 * 2**20
+    big = dram.CopyPlan.within_memory(llc, 40, available=avail)
+    assert big.sweep and big.cycle_bytes < 2 * llc
+    assert 40 * big.cycle_bytes + 2 * llc <= dram.MEMORY_SHARE * avail
+    assert big.copies(11 * 2**20) * 11 * 2**20 >= big.cycle_bytes
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683820 kB\nMemAvailable:   24358756 kB\n")
+    assert dram.available_memory(str(meminfo)) == 24358756 * 1024
+    assert dram.available_memory(str(tmp_path / "none")) is None
+
+
+def test_sweep_writes_twice_the_llc_only_when_on():
+    """``evict`` writes a buffer of 2x the LLC (a new value each time) when the plan sweeps,
+    and allocates nothing when it does not; ``as_plan`` takes an LLC size as the plain plan."""
+    plain = dram.as_plan(2**20)
+    plain.evict()
+    assert not plain.sweep and plain._buffer is None
+    plan = dram.CopyPlan(2**20, cycle_bytes=2**19)
+    assert dram.as_plan(plan) is plan
+    plan.evict()
+    first = plan._buffer.copy()
+    plan.evict()
+    assert plan._buffer.nbytes == 2 * 2**20 and (plan._buffer != first).all()
+    assert plan.seconds_per_call(lambda: None, [()]) >= 0
+
+
 def test_cpu_info_names_the_cpu():
     info = dram.cpu_info()
     assert info["name"] and all(f.startswith(dram.FLAG_PREFIXES) for f in info["flags"])

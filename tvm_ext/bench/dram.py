@@ -10,6 +10,8 @@ been evicted.
 
 llc_bytes(sys_root=SYS_CPU) -> (bytes, source)   the LLC size the OS reports
 copies_for(nbytes, llc, factor=FACTOR) -> int    copies whose total is >= factor x llc
+CopyPlan(llc, cycle_bytes=None)                  copies per runtime, and the eviction sweep
+CopyPlan.within_memory(llc, runtimes)            the plan that fits this machine's memory
 cpu_info() -> {"name", "flags"}                  CPU model and the flags that matter here
 seconds_per_call(fn, arg_sets) -> float          one pass over the copies, per call
 """
@@ -23,6 +25,7 @@ import time
 
 SYS_CPU = "/sys/devices/system/cpu"
 FACTOR = 2
+MEMORY_SHARE = 0.5  # of the memory available at the start, for all of a bench's weight copies
 DEFAULT_LLC = 256 * 1024 * 1024  # when the OS says nothing: large, so copies err on the cold side
 # flags that decide which kernels a CPU can run fast (SIMD width, fp16 loads, int8 dot products)
 FLAG_PREFIXES = ("avx", "fma", "f16c", "amx", "sse4", "bmi2")
@@ -104,6 +107,78 @@ def copies_for(nbytes: int, llc: int, factor: int = FACTOR) -> int:
     if nbytes <= 0:
         return 1
     return max(1, math.ceil(factor * llc / nbytes))
+
+
+def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable in bytes, or None where the OS does not say."""
+    m = re.search(r"^MemAvailable:\s*(\d+)\s*kB", _read(meminfo) or "", re.MULTILINE)
+    return None if m is None else int(m.group(1)) * 1024
+
+
+class CopyPlan:
+    """How a bench keeps each runtime's weights out of the cache.
+
+    Normally (``sweep`` False) every runtime cycles through copies that together are
+    ``FACTOR`` x the LLC: by the time a copy comes round again it has been evicted.  On a
+    machine whose LLC is large against its memory (a 480 MiB L3 with 23 GiB of RAM: 40
+    runtimes x 960 MiB of copies do not fit) ``within_memory`` gives each runtime a smaller
+    ``cycle_bytes``, and ``evict()`` -- which the bench calls before every timed pass or window
+    of distinct copies -- writes a buffer of ``FACTOR`` x the LLC, so that each call of the
+    pass still finds its weights in DRAM.  Without ``sweep``, ``evict()`` does nothing."""
+
+    def __init__(self, llc: int, cycle_bytes: int | None = None):
+        self.llc = int(llc)
+        self.cycle_bytes = FACTOR * self.llc if cycle_bytes is None else int(cycle_bytes)
+        self.sweep = self.cycle_bytes < FACTOR * self.llc
+        self._buffer = None
+        self._fill = 0
+
+    @classmethod
+    def within_memory(cls, llc: int, runtimes: int, available: int | None = None,
+                      share: float = MEMORY_SHARE) -> "CopyPlan":
+        """The plan for ``runtimes`` runtimes with weights: full cycles when their copies (and
+        nothing else) fit in ``share`` of the ``available`` memory, else an equal smaller
+        share each (at least 64 MiB) and the eviction sweep (whose buffer is counted too)."""
+        available = available_memory() if available is None else available
+        full = FACTOR * llc
+        if available is None or runtimes * full <= share * available:
+            return cls(llc)
+        each = (share * available - full) / max(1, runtimes)
+        return cls(llc, max(64 * 2**20, min(full - 1, int(each))))
+
+    def copies(self, nbytes: int) -> int:
+        """Copies of ``nbytes`` that together are at least ``cycle_bytes``."""
+        return copies_for(nbytes, self.cycle_bytes, factor=1)
+
+    def evict(self) -> None:
+        """Write ``FACTOR`` x the LLC of other data (only when the copies alone fall short)."""
+        if not self.sweep:
+            return
+        import numpy as np  # pylint: disable=import-outside-toplevel
+
+        if self._buffer is None:
+            self._buffer = np.empty(FACTOR * self.llc, dtype=np.uint8)
+        self._fill = (self._fill + 1) % 256
+        self._buffer.fill(self._fill)
+
+    def seconds_per_call(self, fn, arg_sets) -> float:
+        """``seconds_per_call`` of one pass, after ``evict()``."""
+        self.evict()
+        return seconds_per_call(fn, arg_sets)
+
+    def describe(self) -> str:
+        if not self.sweep:
+            return f"weights cycled through copies >= {FACTOR}x the LLC"
+        return (f"memory too small for {FACTOR}x-LLC copies per runtime: {self.cycle_bytes / 2**20:.0f} MiB of "
+                f"copies each, and {FACTOR}x the LLC written before every timed pass")
+
+    def as_json(self) -> dict:
+        return {"cycle_bytes": self.cycle_bytes, "sweep": self.sweep}
+
+
+def as_plan(plan_or_llc) -> CopyPlan:
+    """A ``CopyPlan`` as is; an LLC size in bytes as the plain plan for it."""
+    return plan_or_llc if isinstance(plan_or_llc, CopyPlan) else CopyPlan(plan_or_llc)
 
 
 def cpu_info() -> dict:

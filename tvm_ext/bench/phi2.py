@@ -32,7 +32,7 @@ seed only when the runner measured it faster.  Schedules, builds and checks are 
 in ``phi2_measure``; the table is printed by the CLI (``tvm_ext.cli.phi2_table``).
 
 The returned dict (= the JSON) is
-{"workload", "target", "device": {"name", "flags"}, "llc_bytes", "llc_source",
+{"workload", "target", "device": {"name", "flags"}, "llc_bytes", "llc_source", "copy_plan": {"cycle_bytes", "sweep"},
  "weight_copies": {kernel: C}, "bandwidth_gbs", "compute_dtype", "trials_per_kernel", "schedules",
  "rows": [{"fusion": "on"|"off", "schedule", "layer_ms", "head_ms", "tok_s", "bound_layer_ms",
            "vs_dlight_off", "kernels": [{"name", "ms", "bound_ms", "calls", "part", "copies",
@@ -58,7 +58,7 @@ import numpy as np
 import tvm_ffi
 
 from tvm_ext.bench import phi2_measure
-from tvm_ext.bench.dram import cpu_info, llc_bytes
+from tvm_ext.bench.dram import CopyPlan, cpu_info, llc_bytes
 from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, combine,
                                         cpu_rule_schedule, dlight_schedule, is_gpu, kernelsets, log_dir,
                                         nbytes, normalize, nvcc_build, rule_module, runner_seconds,
@@ -216,18 +216,19 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
 
     threads = threads or _pool_threads()
     llc, llc_source = llc_bytes()
-    log(f"  last-level cache {llc / 2**20:.0f} MiB ({llc_source}): weights cycled through copies >= 2x that")
+    plan = CopyPlan.within_memory(llc, phi2_measure.runtimes_with_weights(kss, peers or [], int8))
+    log(f"  last-level cache {llc / 2**20:.0f} MiB ({llc_source}): {plan.describe()}")
     verified = _verify(wls, kss, sched, target, dev, log, schedules)
     cfg = wls[False]._phi2["cfg"]
-    fns, args, proj, q4 = phi2_measure.prepare(kss, sched, schedules, target, dev, rng, llc, cfg, log)
+    fns, args, proj, q4 = phi2_measure.prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log)
     xs = {}  # one activation row per K: the peers and the int8 projections see the same inputs
     x_of = lambda k: xs.setdefault(k, rng.uniform(-1, 1, k).astype("float32"))  # noqa: E731
-    peer_objs = make_peers(peers or [], q4, llc, threads, x_of, log)
+    peer_objs = make_peers(peers or [], q4, plan, threads, x_of, log)
     n_peers = len(peer_objs)
     if int8:
         from tvm_ext.bench.phi2_int8 import make_int8
 
-        peer_objs += make_int8(q4, llc, target, dev, x_of)
+        peer_objs += make_int8(q4, plan, target, dev, x_of)
     peer_err = phi2_measure.check_peers(peer_objs, log)
     sec, hot, peer_s, bandwidth, bw_np = phi2_measure.measure(fns, args, peer_objs, dev, rounds, repeat, log)
     beat = {fusion: _trials_to_beat(dbs[fusion], kss[fusion], dl_secs[fusion],
@@ -247,7 +248,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
 
     result = {
         "workload": workload, "target": str(target), "device": cpu_info() if not gpu else {"name": str(dev)},
-        "threads": threads, "llc_bytes": llc, "llc_source": llc_source,
+        "threads": threads, "llc_bytes": llc, "llc_source": llc_source, "copy_plan": plan.as_json(),
         "weight_copies": {name: c for (_, name), c in extra["copies"].items()},
         "bandwidth_gbs": bandwidth, "bandwidth_numpy_gbs": bw_np,
         "compute_dtype": dtype, "config": config, "trials_per_kernel": trials, "schedules": list(schedules),

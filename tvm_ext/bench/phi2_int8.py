@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.bench.dram import copies_for, seconds_per_call
+from tvm_ext.bench.dram import as_plan, seconds_per_call
 from tvm_ext.bench.phi2_peers import rolled
 
 NAME = "rule-int8"
@@ -22,7 +22,7 @@ NAME = "rule-int8"
 class Int8Projection:
     """Quantize + int8 GEMV of one projection on ``copies`` weight copies."""
 
-    def __init__(self, projection, base, llc, target, dev, x):
+    def __init__(self, projection, base, plan, target, dev, x):
         import tvm
 
         from tvm_ext.targets import resolve_target
@@ -35,7 +35,8 @@ class Int8Projection:
         k = kw * 8
         self.name, self.projection, self.base = NAME, projection, base
         self.bytes = packed.nbytes + scale.nbytes + bias.nbytes + x.nbytes + n * 4
-        self.copies = copies_for(self.bytes, llc)
+        self.plan = as_plan(plan)
+        self.copies = self.plan.copies(self.bytes)
 
         def build(func):
             mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
@@ -63,10 +64,10 @@ class Int8Projection:
     def seconds(self, repeat: int) -> float:
         """Median over ``repeat`` passes through all copies of the time per call."""
         seconds_per_call(self._call, self.sets)  # warm-up pass
-        return float(np.median([seconds_per_call(self._call, self.sets) for _ in range(repeat)]))
+        return float(np.median([self.plan.seconds_per_call(self._call, self.sets) for _ in range(repeat)]))
 
 
-def make_int8(weights: dict, llc: int, target, dev, x_of) -> list:
+def make_int8(weights: dict, plan, target, dev, x_of) -> list:
     """``Int8Projection`` per projection of ``weights`` {projection: (packed, scale, bias)};
     ``x_of(K)`` gives the activation row (the peers' rows: same inputs)."""
-    return [Int8Projection(proj, base, llc, target, dev, x_of(base[0].shape[1] * 8)) for proj, base in weights.items()]
+    return [Int8Projection(proj, base, plan, target, dev, x_of(base[0].shape[1] * 8)) for proj, base in weights.items()]

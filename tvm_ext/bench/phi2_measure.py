@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.bench.dram import copies_for, seconds_per_call
+from tvm_ext.bench.dram import as_plan, seconds_per_call
 from tvm_ext.bench.phi2_kernels import build, measure_bandwidth, nbytes, random_args, weight_positions
 from tvm_ext.bench.phi2_peers import projection_of, q4_weights, rolled
 from tvm_ext.bench.timing import wait_until_idle
@@ -33,15 +33,17 @@ MAX_CALLS = 64  # calls per DRAM sample
 
 
 class KernelArgs:
-    """One kernel's arguments: NumPy base arrays and C device copies of its weights."""
+    """One kernel's arguments: NumPy base arrays and C device copies of its weights
+    (``plan.copies``: a ``dram.CopyPlan``)."""
 
-    def __init__(self, k, positions, llc, dev, rng):
+    def __init__(self, k, positions, plan, dev, rng):
         import tvm
 
         self.positions = positions
+        self.plan = as_plan(plan)  # a ``dram.CopyPlan`` (or the LLC size in bytes)
         self.base = random_args(k.func, rng)
         self.weight_bytes = nbytes(k.func, positions)
-        self.copies = copies_for(self.weight_bytes, llc) if positions else 1
+        self.copies = self.plan.copies(self.weight_bytes) if positions else 1
         shared = [tvm.runtime.tensor(a, dev) for a in self.base]
         self.sets, self.cursor = [], 0
         for i in range(self.copies):
@@ -72,7 +74,17 @@ def _main(ex, dev):
     return lambda *a: (fn(*a), dev.sync())
 
 
-def prepare(kss, sched, schedules, target, dev, rng, llc, cfg, log):
+def runtimes_with_weights(kss, peers, int8: bool) -> int:
+    """How many runtimes of a bench hold weight copies: the kernels with weights of both fusion
+    modes (their copies are shared by the schedules), 2 per projection per peer, 1 per
+    projection for the int8 projections."""
+    from tvm_ext.bench.phi2_peers import PROJECTIONS
+
+    kernels = sum(1 for ks in kss.values() for pos in weight_positions(ks).values() if pos)
+    return kernels + len(PROJECTIONS) * (2 * len(peers) + int(bool(int8)))
+
+
+def prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log):
     """Build every kernel of every schedule and check the others against dlight on the same
     inputs.  Returns ({(fusion, schedule, name): callable}, {(fusion, name): KernelArgs},
     {(fusion, name): projection or None}, {projection: q4 weights of the fused kernel})."""
@@ -82,7 +94,7 @@ def prepare(kss, sched, schedules, target, dev, rng, llc, cfg, log):
         for k in kss[fusion].kernels:
             key = (fusion, k.name)
             if key not in args:
-                args[key] = KernelArgs(k, positions[k.name], llc, dev, rng)
+                args[key] = KernelArgs(k, positions[k.name], plan, dev, rng)
             p = projection_of(k.name, k.func, k.part, cfg, positions[k.name])
             proj[(fusion, k.name, k.part)] = p
             if fusion and p is not None:
@@ -143,7 +155,8 @@ def measure(fns, args, peers, dev, rounds, repeat, log):
         for key, fn in fns.items():
             a = args[(key[0], key[2])]
             if a.positions:  # calls on copies not used for C calls: weights not in the cache
-                dram[key].append(seconds_per_call(fn, a.next_sets()))
+                # (after an eviction sweep where memory allowed fewer copies than 2x the LLC)
+                dram[key].append(a.plan.seconds_per_call(fn, a.next_sets()))
             # then the same kernel looping over one copy, as many calls: cache-hot
             fn(*a.sets[0])
             hot[key].append(float(np.median([seconds_per_call(fn, a.sets[:1] * min(MAX_CALLS, a.copies))

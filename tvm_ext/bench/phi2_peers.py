@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.bench.dram import copies_for, seconds_per_call
+from tvm_ext.bench.dram import as_plan, seconds_per_call
 from tvm_ext.bench.peers import parse_peers
 
 PEERS = ("ort", "torch")
@@ -127,10 +127,11 @@ def ort_model(copies, accuracy_level: int) -> bytes:
 class OrtPeer:
     """MatMulNBits at one accuracy level on ``copies`` weight copies of one projection."""
 
-    def __init__(self, projection, base, llc, accuracy_level, threads, x):
+    def __init__(self, projection, base, plan, accuracy_level, threads, x):
         b, s, zp = to_matmulnbits(*base[:2])
+        self.plan = as_plan(plan)
         self.bytes = b.nbytes + s.nbytes + zp.nbytes + base[2].nbytes + x.nbytes + base[0].shape[0] * 4
-        self.copies = copies_for(self.bytes, llc)
+        self.copies = self.plan.copies(self.bytes)
         self.name, self.projection, self.threads = f"ort-acc{accuracy_level}", projection, threads
         self.base = base
         self.model = ort_model([rolled(base, i) for i in range(self.copies)], accuracy_level)
@@ -154,7 +155,8 @@ class OrtPeer:
         """Median over ``repeat`` graph runs of the time per node, in a fresh session."""
         sess = self.session()
         sess.run(None, self.feed)  # warm-up (and ORT's first-run allocations)
-        samples = [seconds_per_call(lambda: sess.run(None, self.feed), [()]) / self.copies for _ in range(repeat)]
+        samples = [self.plan.seconds_per_call(lambda: sess.run(None, self.feed), [()]) / self.copies
+                   for _ in range(repeat)]
         del sess
         return float(np.median(samples))
 
@@ -163,7 +165,7 @@ class OrtPeer:
 class TorchPeer:
     """``torch.nn.functional.linear`` in bf16 or fp32 on the dequantized weights, cycled."""
 
-    def __init__(self, projection, base, llc, dtype, threads, x):
+    def __init__(self, projection, base, plan, dtype, threads, x):
         import torch
 
         from tvm_ext.workloads.phi2 import dequantize_np
@@ -176,7 +178,8 @@ class TorchPeer:
         b = torch.from_numpy(bias).to(tdt)
         self.bytes = w.numel() * w.element_size() + b.numel() * b.element_size() + 2 * x.size * w.element_size() \
             + packed.shape[0] * w.element_size()
-        self.copies = copies_for(self.bytes, llc)
+        self.plan = as_plan(plan)
+        self.copies = self.plan.copies(self.bytes)
         self.args = [(torch.from_numpy(x.reshape(1, -1).astype("float32")).to(tdt), torch.roll(w, i, 0).contiguous(),
                       torch.roll(b, i, 0).contiguous()) for i in range(self.copies)]
         self.name, self.projection = f"torch-{dtype}", projection
@@ -184,10 +187,10 @@ class TorchPeer:
 
     def seconds(self, repeat: int) -> float:
         seconds_per_call(self.fn, self.args)  # warm-up pass
-        return float(np.median([seconds_per_call(self.fn, self.args) for _ in range(repeat)]))
+        return float(np.median([self.plan.seconds_per_call(self.fn, self.args) for _ in range(repeat)]))
 
 
-def make_peers(names, weights: dict, llc: int, threads: int, x_of, log=print) -> list:
+def make_peers(names, weights: dict, plan, threads: int, x_of, log=print) -> list:
     """Peer objects for ``names`` ('ort', 'torch') and ``weights`` {projection: (packed,
     scale, bias)}; ``x_of(K)`` gives the activation row.  A peer whose package is missing is
     skipped with a logged reason ('ort' missing is an error: the user asked for it)."""
@@ -208,7 +211,7 @@ def make_peers(names, weights: dict, llc: int, threads: int, x_of, log=print) ->
         for proj, base in weights.items():
             x = x_of(base[0].shape[1] * 8)
             if name == "ort":
-                peers += [OrtPeer(proj, base, llc, level, threads, x) for level in ACCURACY_LEVELS]
+                peers += [OrtPeer(proj, base, plan, level, threads, x) for level in ACCURACY_LEVELS]
             else:
-                peers += [TorchPeer(proj, base, llc, dt, threads, x) for dt in ("bf16", "fp32")]
+                peers += [TorchPeer(proj, base, plan, dt, threads, x) for dt in ("bf16", "fp32")]
     return peers
