@@ -19,7 +19,8 @@ from tvm.script import tirx as T  # noqa: E402
 
 from tvm_ext.arrays import random_arrays  # noqa: E402
 from tvm_ext.gemv_pattern import match_func  # noqa: E402
-from tvm_ext.rules.dequant_gemv import DequantGEMV, matches, untuned  # noqa: E402
+from tvm_ext.intrinsics import q4_gemv  # noqa: E402
+from tvm_ext.rules.dequant_gemv import DequantGEMV, factored_lanes, matches, untuned  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
 from tvm_ext.tir_utils import blocks_of  # noqa: E402
 from tvm_ext.workloads import phi2  # noqa: E402
@@ -70,6 +71,12 @@ def _reference(kernel, arrays):
     for e in extra:
         y = y + e.reshape(-1)
     return y
+
+
+def _is_factored(mod) -> bool:
+    """Whether the module's GEMV is the factored intrinsic (its prefetch and byte view)."""
+    script = mod["main"].script()
+    return "llvm.prefetch" in script and '"uint8", data=' in script
 
 
 def _check(kernel, mod, seed=0):
@@ -314,6 +321,127 @@ def test_registered_and_in_llvm_space():
     assert "DequantGEMV" not in [type(r).__name__ for r in tvm_ext.default_rules(tvm.target.Target("cuda"))]
 
 
+# ----------------------------------------------------------------------------- factored sketch
+# x86 targets by name: the sketch's lanes follow the target (the code runs on any x86-64 host
+# with AVX2: LLVM splits 16-lane vectors where the host has no AVX-512)
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "mtriple": "x86_64-linux-gnu"})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "mtriple": "x86_64-linux-gnu"})
+needs_avx2 = pytest.mark.skipif(factored_lanes(TARGET) is None, reason="the host has no AVX2")
+
+
+def test_factored_lanes_follow_the_target():
+    assert (factored_lanes(AVX2), factored_lanes(AVX512)) == (8, 16)
+    assert factored_lanes(tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})) is None
+    assert factored_lanes(None) is None
+
+
+@needs_avx2
+@pytest.mark.parametrize("target", [AVX2, AVX512], ids=["lanes8", "lanes16"])
+@pytest.mark.parametrize("projection", PROJECTIONS)
+def test_factored_matches_numpy(gemvs, projection, target):
+    """Every fused projection (bias, gelu, residual adds, lm_head) in the factored sketch: the
+    GEMV replaced by the intrinsic, the epilogue after it, the result NumPy's."""
+    kernel = gemvs[projection]
+    mod = untuned(_main(kernel.func), target)
+    assert _is_factored(mod)
+    _check(kernel, mod)
+
+
+@T.prim_func(s_tir=True)
+def _gemv_q4_zero8(p: T.Buffer((16, 8), "uint32"), s: T.Buffer((16, 2), "float16"),
+                   x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 16), "float32")):
+    # another q4 format: zero point 8, not the intrinsic's 7
+    w = T.sblock_alloc_buffer((64, 16))
+    for i, j in T.grid(64, 16):
+        with T.sblock("dq"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            w[vi, vj] = (T.Cast("float32", p[vj, vi // 8] >> T.Cast("uint32", vi % 8) * T.uint32(4)
+                                & T.uint32(15)) - T.float32(8)) * T.Cast("float32", s[vj, vi // 32])
+    for i, j, k in T.grid(1, 16, 64):
+        with T.sblock("gemv"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                y[vi, vj] = T.float32(0)
+            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
+
+
+@needs_avx2
+def test_other_dequantize_keeps_the_scheduled_sketch():
+    """Zero point 8: the rule matches (same structure) but the intrinsic does not (tensorize
+    compares the expression), so ``untuned`` and the rule give the scheduled sketches, right."""
+    mod = untuned(_main(_gemv_q4_zero8), AVX2)
+    assert not _is_factored(mod) and "_rf_local" in mod["main"].script()
+    rng = np.random.default_rng(3)
+    arrays = random_arrays(_gemv_q4_zero8, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
+    args = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+    tvm.compile(mod, target=TARGET)["main"](*args)
+    ref = arrays[2].reshape(-1).astype("float64") @ (phi2.dequantize_np(arrays[0], arrays[1])
+                                                     - np.repeat(arrays[1].astype("float64"), 32, axis=1).T)
+    np.testing.assert_allclose(args[-1].numpy().reshape(-1), ref, rtol=1e-5, atol=1e-5)
+    rule = DequantGEMV()
+    rule.lanes = 8
+    sch = Schedule(_main(_gemv_q4_zero8))
+    assert not any(_is_factored(c.mod) for c in rule.apply(sch, sch.get_sblock("gemv")))
+
+
+@needs_avx2
+def test_rule_offers_factored_and_its_trace_replays_from_a_record():
+    """With lanes (a tune context on an x86 target) the rule's first sketch is the factored one;
+    its trace names the shape's intrinsic, which ``register_in`` makes again from the text (as
+    a database load does), and the replayed schedule gives NumPy's result."""
+    rule = DequantGEMV()
+    rule.lanes = 8
+    sch = Schedule(_main(_gemv_q4_small))
+    sketches = rule.apply(sch, sch.get_sblock("gemv"))
+    assert _is_factored(sketches[0].mod) and not any(_is_factored(s.mod) for s in sketches[1:])
+    text = str(sketches[0].trace)
+    names = set(__import__("re").findall(q4_gemv.PREFIX + r"[\w.]+", text))
+    assert names == {q4_gemv.name(2, 2, 8, 64, "float16", "int32", 8)}
+    assert q4_gemv.register_in(text) == 1
+    out = Schedule(_main(_gemv_q4_small))
+    Trace(sketches[0].trace.insts, {}).apply_to_schedule(out, remove_postproc=True)
+    assert _is_factored(out.mod)
+    _check_small(out.mod)
+
+
+def _te_q4_gemv(n, k, scale_dtype):
+    """A q4 GEMV written in TE with the workloads' dequantize (``q4_weight``)."""
+    from tvm import te
+
+    x = te.placeholder((1, 1, k), "float32", name="x")
+    p = te.placeholder((n, k // 8), "uint32", name="p")
+    s = te.placeholder((n, k // 32), scale_dtype, name="s")
+    r = te.reduce_axis((0, k), "r")
+    y = te.compute((1, 1, n), lambda i, j, c: te.sum(x[i, j, r] * q4_gemv.q4_weight(p, s, c, r, "float32"), axis=r))
+    return te.create_prim_func([x, p, s, y])
+
+
+@needs_avx2
+@pytest.mark.parametrize("n,k,scale_dtype", [(24, 96, "float32"), (5, 32, "float16"), (40, 1024, "float16")])
+def test_factored_odd_shapes_match_numpy(n, k, scale_dtype):
+    """Three groups (one accumulator, scalar scale dot), one group, N not a multiple of
+    anything, float32 scales (q4f32_1): the intrinsic's result is NumPy's."""
+    func = _te_q4_gemv(n, k, scale_dtype)
+    mod = untuned(_main(func), AVX512)
+    assert _is_factored(mod)
+    rng = np.random.default_rng(n)
+    arrays = random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
+    args = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+    tvm.compile(mod, target=TARGET)["main"](*args)
+    ref = arrays[0].reshape(-1).astype("float64") @ phi2.dequantize_np(arrays[1], arrays[2])
+    np.testing.assert_allclose(args[-1].numpy().reshape(-1), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_intrinsic_names_round_trip():
+    from tvm.s_tir import TensorIntrin
+
+    made = q4_gemv.name(3, 3, 24, 96, "float32", "int64", 16)
+    assert q4_gemv.register_named(made) and TensorIntrin.get(made) is not None
+    assert not q4_gemv.register_named("tvm_ext.q4_gemv_f32.bogus")
+    with pytest.raises(ValueError, match="no q4 GEMV intrinsic"):
+        q4_gemv.register(3, 3, 24, 100, "float16", "int64", 16)  # K not in whole groups
+
+
 @pytest.mark.slow  # MetaSchedule's first TuneContext imports TVM's tensor intrinsics (~10 s here)
 @pytest.mark.parametrize("projection", PROJECTIONS)
 def test_space_candidates_match_numpy(gemvs, projection):
@@ -329,7 +457,7 @@ def test_space_candidates_match_numpy(gemvs, projection):
                               postprocs=list(ctx.space_generator.postprocs))
     assert len(cands) == 2
     for cand in cands:
-        assert "_rf_local" in cand.mod["main"].script()
+        assert "_rf_local" in cand.mod["main"].script() or _is_factored(cand.mod)
         _check(kernel, cand.mod)
 
 

@@ -1,4 +1,4 @@
-"""Tensor intrinsics: ours (``vnni``, ``amx``) and a fast import of TVM's (``fast_import``)."""
+"""Tensor intrinsics: ours (``vnni``, ``amx``, ``q4_gemv``) and a fast import of TVM's (``fast_import``)."""
 from __future__ import annotations
 
 from typing import Callable

@@ -94,11 +94,10 @@ def _te_dequantize(packed, scale, dtype):
 
 def q4_value(packed, scale, row, col, dtype):
     """Element (row, col) of a q4 weight stored as (rows, cols/8) uint32 + (rows, cols/GROUP)
-    scales: (q - 7) * scale."""
-    from tvm import tirx
+    scales: (q - 7) * scale (the expression the factored GEMV intrinsic matches)."""
+    from tvm_ext.intrinsics.q4_gemv import q4_weight
 
-    q = (packed[row, col // 8] >> (tirx.Cast("uint32", col % 8) * tirx.const(4, "uint32"))) & tirx.const(15, "uint32")
-    return (tirx.Cast(dtype, q) - tirx.const(7, dtype)) * tirx.Cast(dtype, scale[row, col // GROUP])
+    return q4_weight(packed, scale, row, col, dtype)
 
 
 def _te_rope(qkv, offset, heads, head_dim, rotary, past, dtype):
