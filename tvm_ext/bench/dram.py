@@ -123,7 +123,7 @@ class CopyPlan:
     machine whose LLC is large against its memory (a 480 MiB L3 with 23 GiB of RAM: 40
     runtimes x 960 MiB of copies do not fit) ``within_memory`` gives each runtime a smaller
     ``cycle_bytes``, and ``evict()`` -- which the bench calls before every timed pass or window
-    of distinct copies -- writes a buffer of ``FACTOR`` x the LLC, so that each call of the
+    of distinct copies -- reads a buffer of ``FACTOR`` x the LLC, so that each call of the
     pass still finds its weights in DRAM.  Without ``sweep``, ``evict()`` does nothing."""
 
     def __init__(self, llc: int, cycle_bytes: int | None = None):
@@ -131,7 +131,7 @@ class CopyPlan:
         self.cycle_bytes = FACTOR * self.llc if cycle_bytes is None else int(cycle_bytes)
         self.sweep = self.cycle_bytes < FACTOR * self.llc
         self._buffer = None
-        self._fill = 0
+        self._sum = 0
 
     @classmethod
     def within_memory(cls, llc: int, runtimes: int, available: int | None = None,
@@ -151,15 +151,16 @@ class CopyPlan:
         return copies_for(nbytes, self.cycle_bytes, factor=1)
 
     def evict(self) -> None:
-        """Write ``FACTOR`` x the LLC of other data (only when the copies alone fall short)."""
+        """Read ``FACTOR`` x the LLC of other data (only when the copies alone fall short).
+        Read, not written: a decode step's other layers are read, and dirty lines left by a
+        write would cost the timed kernel their write-back."""
         if not self.sweep:
             return
         import numpy as np  # pylint: disable=import-outside-toplevel
 
         if self._buffer is None:
-            self._buffer = np.empty(FACTOR * self.llc, dtype=np.uint8)
-        self._fill = (self._fill + 1) % 256
-        self._buffer.fill(self._fill)
+            self._buffer = np.ones(FACTOR * self.llc // 8, dtype=np.int64)
+        self._sum = int(self._buffer.sum())
 
     def seconds_per_call(self, fn, arg_sets) -> float:
         """``seconds_per_call`` of one pass, after ``evict()``."""
@@ -170,7 +171,7 @@ class CopyPlan:
         if not self.sweep:
             return f"weights cycled through copies >= {FACTOR}x the LLC"
         return (f"memory too small for {FACTOR}x-LLC copies per runtime: {self.cycle_bytes / 2**20:.0f} MiB of "
-                f"copies each, and {FACTOR}x the LLC written before every timed pass")
+                f"copies each, and {FACTOR}x the LLC read before every timed pass")
 
     def as_json(self) -> dict:
         return {"cycle_bytes": self.cycle_bytes, "sweep": self.sweep}

@@ -24,7 +24,9 @@ How (``impl``), the same value up to float reassociation::
   per group, into one of ``U`` accumulators in turn; ``corr`` dotted with the row's scales at the
   end of the row.  Per 8 inputs that is ~3.5 vector instructions where the scheduled form
   (``rules/dequant_gemv.py``'s other sketches: broadcast, shift, mask, convert, subtract 7,
-  scale, FMA per input) has 6, and with ``lanes`` 16 (AVX-512) half of them again;
+  scale, FMA per input) has 6, and with ``lanes`` 16 (AVX-512) half of them again; the row's
+  lanes summed as a tree (LLVM's ordered reduce is a chain of 16 dependent adds per row: 13 %
+  of qkv's time from DRAM here);
 * a software prefetch ``PREFETCH`` bytes ahead of the packed stream, once per cache line: the
   hardware prefetcher alone left the kernel at 4x its DRAM bound on the AVX-512 host it was
   written on (Phi-2 qkv, weights cycled from DRAM: 1.72 ms without, 0.63 ms with 8 KiB ahead).
@@ -138,15 +140,22 @@ def make_impl(x_rank, c_rank, n, k, scale_dtype, index_dtype, lanes, prefetch=PR
     def splat(value, lanes_):
         return value if lanes_ == 1 else T.broadcast(value, lanes_)
 
-    def reduce(vec):
-        return T.call_llvm_pure_intrin("float32", T.llvm_lookup_intrinsic_id("llvm.vector.reduce.fadd"),
-                                       T.float32(0), vec)
+    def halves(v, width):  # a tree sum of a vector's lanes (the ordered reduce is a serial chain)
+        while width > 1:
+            width //= 2
+            lo = T.Shuffle([v], list(range(width)))
+            hi = T.Shuffle([v], list(range(width, 2 * width)))
+            v = lo + hi
+        return v
 
     def row_total(acc, cv):
         v = acc[T.ramp(0, 1, lanes)]
         for h in range(1, acc_n):
             v = v + acc[T.ramp(h * lanes, 1, lanes)]
-        return reduce(v) + (reduce(cv[span(0, corr_lanes)]) if corr_lanes > 1 else cv[0])
+        c = cv[span(0, corr_lanes)]
+        if corr_lanes == lanes:
+            return halves(v + c, lanes)
+        return halves(v, lanes) + (halves(c, corr_lanes) if corr_lanes > 1 else c)
 
     def prefetch_at(pb, row, step):
         ahead = T.min(row * words * 4 + step * acc_n * lanes + prefetch, nbytes - 1)
