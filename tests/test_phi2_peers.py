@@ -339,6 +339,10 @@ def test_json_fields_and_projection_table():
     alone = dict(res, peers=[], int8=[], targets=phi2_bench._targets(res["rows"], [], res["schedules"]))
     text = format_table(alone)
     assert "None" not in text.split("targets:")[1].split("\n", 1)[1] and "x bound (<=1.5)" in text
+    # the header says how the weights were kept cold: cycled copies, or (memory-bound) a read sweep
+    assert "weights cycled through copies >= 2x LLC" in text.splitlines()[0]
+    swept = format_table(dict(res, copy_plan={"cycle_bytes": 266 * 2**20, "sweep": True})).splitlines()[0]
+    assert "266 MiB of weight copies per runtime" in swept and "read before every timed pass" in swept
 
 
 @pytest.mark.slow  # a whole reduced bench through the CLI: builds every kernel (~2-4 min on 2 cores)

@@ -20,6 +20,15 @@ def _device(res: dict) -> str:
     return dev["name"] + (f" [{flags}]" if flags else "")
 
 
+def _dram_method(res: dict) -> str:
+    """How the run kept weights out of the cache (``dram.CopyPlan``; older JSON has no plan)."""
+    plan = res.get("copy_plan") or {}
+    if plan.get("sweep"):
+        return (f"{plan['cycle_bytes'] / 2**20:.0f} MiB of weight copies per runtime (memory) "
+                "and 2x the LLC read before every timed pass")
+    return "weights cycled through copies >= 2x LLC"
+
+
 def format_table(res: dict) -> str:
     """Rows per fusion mode x schedule, per-kernel times with trials-to-beat-dlight, the
     per-projection comparison with the peers, the fused kernels against their unfused parts,
@@ -32,8 +41,7 @@ def format_table(res: dict) -> str:
     lines = [f"{res['workload']} on {res['target']} ({_device(res)}, {res['threads']} threads), "
              f"compute dtype {res['compute_dtype']} ({q4}), {trials}"
              f"copy bandwidth {res['bandwidth_gbs']:.1f} GB/s"
-             + (f", LLC {llc / 2**20:.0f} MiB: weights cycled through copies >= 2x LLC (DRAM figures)"
-                if llc else "")]
+             + (f", LLC {llc / 2**20:.0f} MiB: {_dram_method(res)} (DRAM figures)" if llc else "")]
     body = [[r["fusion"], r["schedule"], f"{r['layer_ms']:.3f}", f"{r['bound_layer_ms']:.3f}",
              f"{r['layer_ms'] / r['bound_layer_ms']:.2f}", _f(r.get("vs_dlight_off"), ".2f"),
              _f(r["head_ms"], ".3f"), _f(r["tok_s"], ".2f")] for r in res["rows"]]
