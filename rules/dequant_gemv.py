@@ -35,7 +35,10 @@ between 1.45x and 5.5x the DRAM bound on Phi-2's qkv on the AVX-512 host it was 
 Its epilogues follow in one parallel, vectorized loop.  It applies only where the dequantize
 is written as Phi-2's kernels write it (``q4_weight``; tensorize checks the structure) and
 reassociates the float sums (errors of the order of the other sketches' against NumPy).
-``untuned`` uses it where it applies; the MetaSchedule rule offers it beside the others.
+``untuned`` uses it where it applies.  The MetaSchedule rule does not offer it yet: inside
+PostOrderApply the blockized GEMV came out without read regions and tensorize refused it, and
+with the tensorize left to RewriteTensorize (annotation) that postprocessor failed ("The stmt
+doesn't exist in the IR"); so tuning still searches the scheduled sketches only.
 
 ``rows``, ``sums`` and ``splits`` are sampled decisions (candidates that divide N, the group,
 the number of groups; defaults ``DEFAULT_ROWS`` / ``DEFAULT_SUMS`` / ``DEFAULT_SPLITS``).
@@ -65,6 +68,7 @@ DEFAULT_SUMS = 32
 DEFAULT_SPLITS = 4
 MIN_TILES_PER_CORE = 4  # below this many N tiles per core, split K as well
 SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
+AUTO_TENSORIZE = "meta_schedule.auto_tensorize"  # the block RewriteTensorize tensorizes, and with what
 
 
 def row_candidates(pattern: GemvPattern) -> list:
@@ -155,9 +159,11 @@ def factored_lanes(target) -> int | None:
     return 16 if "avx512f" in feats else 8 if "avx2" in feats else None
 
 
-def schedule_factored(sch, block, pattern: GemvPattern, lanes: int, annotate: bool = False) -> None:
-    """The factored sketch (module doc) in place; ScheduleError (or ValueError) where the
-    function's GEMV is not the intrinsic's form, leaving ``sch`` to be discarded."""
+def schedule_factored(sch, block, pattern: GemvPattern, lanes: int):
+    """The factored sketch (module doc) in place, up to the tensorize: the GEMV blockized over
+    all N and K and annotated ``meta_schedule.auto_tensorize`` with the shape's intrinsic, the
+    epilogue as one parallel vector loop.  Returns the blockized GEMV for ``tensorize_factored``;
+    ValueError where the format is not the intrinsic's (its structure is checked there)."""
     from tvm_ext.intrinsics import q4_gemv  # pylint: disable=import-outside-toplevel
 
     if pattern.pack != q4_gemv.PACK or pattern.group != q4_gemv.GROUP:
@@ -175,14 +181,24 @@ def schedule_factored(sch, block, pattern: GemvPattern, lanes: int, annotate: bo
     index_dtype = str(out.shape[-1].ty)
     intrin = q4_gemv.register(len(x_buf.shape), len(out.shape), pattern.n, pattern.k, str(scale.dtype),
                               index_dtype, lanes)
-    sch.tensorize(sch.blockize(sch.get_loops(block)[-2]), intrin)
+    whole = sch.blockize(sch.get_loops(block)[-2])
+    sch.annotate(whole, AUTO_TENSORIZE, intrin)
     if pattern.epilogues:
         last = sch.get_sblock(pattern.epilogues[-1])
-        outer, inner = sch.split(sch.fuse(*sch.get_loops(last)), [None, lanes])
-        sch.parallel(outer)
-        sch.vectorize(inner)
-        if annotate:
-            sch.annotate(last, *SKIP)
+        tiles, lanes_loop = sch.split(sch.fuse(*sch.get_loops(last)), [None, lanes])
+        sch.parallel(tiles)
+        sch.vectorize(lanes_loop)
+    return whole
+
+
+def tensorize_factored(sch, outer) -> None:
+    """``schedule_factored``'s block with its init split off before its loops and the update
+    tensorized with the annotated intrinsic (what RewriteReductionBlock and RewriteTensorize
+    would do); ScheduleError where the GEMV is not the intrinsic's expression."""
+    intrin = str(sch.get(outer).annotations[AUTO_TENSORIZE])
+    sch.decompose_reduction(outer, sch.get_loops(outer)[0])
+    sch.unannotate(outer, AUTO_TENSORIZE)
+    sch.tensorize(outer, intrin)
 
 
 def wants_split_k(pattern: GemvPattern, cores: int) -> bool:
@@ -211,7 +227,7 @@ def _untuned_func(name: str, func, target):
         sch = Schedule(tvm.IRModule({name: func}))
         sch.work_on(name)
         try:
-            schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes)
+            tensorize_factored(sch, schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes))
             return sch.mod[name]
         except (ScheduleError, ValueError, StopIteration):
             pass  # not the intrinsic's form: the scheduled sketches below
@@ -248,11 +264,9 @@ class DequantGEMV(PyScheduleRule):
     def __init__(self) -> None:
         super().__init__()
         self.cores = 1
-        self.lanes = None  # of the factored sketch, where the target has one
 
     def _initialize_with_tune_context(self, context) -> None:
         self.cores = _cores(context.target)
-        self.lanes = factored_lanes(context.target)
 
     def apply(self, sch, block):
         pattern = match(sch, block)
@@ -260,13 +274,6 @@ class DequantGEMV(PyScheduleRule):
             return [sch]
         variants = [False] + ([True] if wants_split_k(pattern, self.cores) else [])
         out = []
-        if self.lanes is not None:
-            cand = sch.copy()
-            try:
-                schedule_factored(cand, block, pattern, self.lanes, annotate=True)
-                out.append(cand)
-            except (ScheduleError, ValueError, StopIteration):
-                pass
         for split_k in variants:
             cand = sch.copy()
             try:
@@ -278,5 +285,5 @@ class DequantGEMV(PyScheduleRule):
 
     def clone(self):
         other = DequantGEMV()
-        other.cores, other.lanes = self.cores, self.lanes
+        other.cores = self.cores
         return other

@@ -1,7 +1,8 @@
 """Tensor intrinsic: a whole q4 dequantize-GEMV in factored float arithmetic (CPU).
 
-What it replaces (``desc``): the GEMV block of a decode kernel after its dequantize is inlined,
-over all N output columns and all K inputs, in the q4 format of Phi-2's kernels (``q4_weight``:
+What it replaces (``desc``): the update of the GEMV block of a decode kernel (its init split off,
+as MetaSchedule's RewriteReductionBlock does) after its dequantize is inlined, over all N output
+columns and all K inputs, in the q4 format of Phi-2's kernels (``q4_weight``:
 eight 4-bit values per uint32 word along K, zero point 7, one scale per 32 inputs)::
 
     C[.., n] = C[.., n] + X[.., k] * ((f32((P[n, k // 8] >> u32(k % 8) * 4) & 15) - 7) * f32(S[n, k // 32]))
@@ -32,12 +33,9 @@ How (``impl``), the same value up to float reassociation::
   written on (Phi-2 qkv, weights cycled from DRAM: 1.72 ms without, 0.63 ms with 8 KiB ahead).
 
 Intrinsics are shape-specific (N, K, the activation and output ranks, the scale and index dtypes,
-``lanes``): ``register`` makes one from a block's buffers and returns its name, which encodes all
-of it, so that ``register_named`` can make it again from a tuning record's trace.
+``lanes``): ``register`` makes one and returns its name, which encodes all of it.
 """
 from __future__ import annotations
-
-import re
 
 from tvm import tirx
 from tvm.script import tirx as T
@@ -50,7 +48,6 @@ ZERO_POINT = 7
 PREFETCH = 8192  # bytes ahead of the packed row stream
 LANES = (8, 16)
 PREFIX = "tvm_ext.q4_gemv_f32"
-_NAME = re.compile(PREFIX.replace(".", r"\.") + r"\.x(\d+)\.c(\d+)\.n(\d+)\.k(\d+)\.(float16|float32)\.(int32|int64)\.l(8|16)$")
 
 
 def q4_weight(packed, scale, row, col, dtype):
@@ -92,7 +89,7 @@ def make_desc(x_rank, c_rank, n, k, scale_dtype, index_dtype):
     def desc(x: T.Buffer(xs, "float32", offset_factor=1), packed: T.Buffer(ps, "uint32", offset_factor=1),
              scale: T.Buffer(ss, scale_dtype, offset_factor=1), y: T.Buffer(cs, "float32", offset_factor=1)):
         with T.sblock("root"):
-            T.reads(_full(x, xs), _full(packed, ps), _full(scale, ss))
+            T.reads(_full(y, cs), _full(x, xs), _full(packed, ps), _full(scale, ss))
             T.writes(_full(y, cs))
             for i, j in T.grid(cs[-1], xs[-1]):
                 with T.sblock("gemv"):
@@ -100,8 +97,6 @@ def make_desc(x_rank, c_rank, n, k, scale_dtype, index_dtype):
                     T.reads(y[_at(c_rank, v_n)], x[_at(x_rank, v_k)], packed[v_n, v_k // PACK],
                             scale[v_n, v_k // GROUP])
                     T.writes(y[_at(c_rank, v_n)])
-                    with T.init():
-                        y[_at(c_rank, v_n)] = T.float32(0)
                     y[_at(c_rank, v_n)] = y[_at(c_rank, v_n)] + x[_at(x_rank, v_k)] * q4_weight(
                         packed, scale, v_n, v_k, "float32")
 
@@ -165,7 +160,7 @@ def make_impl(x_rank, c_rank, n, k, scale_dtype, index_dtype, lanes, prefetch=PR
     def impl(x: T.Buffer(xs, "float32", offset_factor=1), packed: T.Buffer(ps, "uint32", offset_factor=1),
              scale: T.Buffer(ss, scale_dtype, offset_factor=1), y: T.Buffer(cs, "float32", offset_factor=1)):
         with T.sblock("root"):
-            T.reads(_full(x, xs), _full(packed, ps), _full(scale, ss))
+            T.reads(_full(y, cs), _full(x, xs), _full(packed, ps), _full(scale, ss))
             T.writes(_full(y, cs))
             xp = T.decl_buffer((k,), "float32")
             corr = T.decl_buffer((groups,), "float32")
@@ -195,7 +190,7 @@ def make_impl(x_rank, c_rank, n, k, scale_dtype, index_dtype, lanes, prefetch=PR
                 for gv in range(groups // corr_lanes):
                     cv[span(0, corr_lanes)] = cv[span(0, corr_lanes)] + T.Cast(
                         corr_t, scale[row, span(gv * corr_lanes, corr_lanes)]) * corr[span(gv * corr_lanes, corr_lanes)]
-                y[_at(c_rank, row)] = row_total(acc, cv)
+                y[_at(c_rank, row)] = y[_at(c_rank, row)] + row_total(acc, cv)
 
     return impl
 
@@ -208,23 +203,3 @@ def register(x_rank: int, c_rank: int, n: int, k: int, scale_dtype: str, index_d
         raise ValueError(f"no q4 GEMV intrinsic for n={n} k={k} lanes={lanes} scale {scale_dtype}")
     args = (x_rank, c_rank, n, k, scale_dtype, index_dtype)
     return register_once(name(*args, lanes), lambda: (make_desc(*args), make_impl(*args, lanes)))
-
-
-def register_named(intrin: str) -> bool:
-    """Register the intrinsic a name of ``name()``'s form stands for (a tuning record's trace
-    names it); False for any other name."""
-    m = _NAME.match(intrin)
-    if m is None:
-        return False
-    xr, cr, n, k, sdt, idt, lanes = m.groups()
-    register(int(xr), int(cr), int(n), int(k), sdt, idt, int(lanes))
-    return True
-
-
-def register_in(text: str) -> int:
-    """Register every intrinsic of this module that ``text`` (a records file) names; returns
-    how many names it found."""
-    found = set(re.findall(re.escape(PREFIX) + r"\.[A-Za-z0-9.]+?\.l(?:8|16)(?![0-9])", text))
-    for intrin in found:
-        register_named(intrin)
-    return len(found)

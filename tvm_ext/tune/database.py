@@ -292,7 +292,6 @@ def _load(path_workload: str, path_records: str, allow_missing: bool,
 
     register_intrinsics()  # records of VNNI- and AMX-tensorized schedules name our intrinsics
     register_amx()
-    _register_q4_gemv(path_records)
     try:
         return _json_database(path_workload, path_records, allow_missing)
     except Exception as err:  # noqa: BLE001 - TVM's FATAL errors: JSON lines that do not load
@@ -306,19 +305,6 @@ def _load(path_workload: str, path_records: str, allow_missing: bool,
         raise _bad_line(shown[file], line, "TVM cannot load this "
                         + ("workload" if file == 0 else "tuning record"),
                         KEEP_WORKLOADS if file == 0 else RESTORE) from None
-
-
-def _register_q4_gemv(path_records: str) -> None:
-    """The factored q4 GEMV intrinsics are one per shape: register those the records name."""
-    from tvm_ext.intrinsics.q4_gemv import PREFIX, register_in
-
-    try:
-        with open(path_records, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return
-    if PREFIX in text:
-        register_in(text)
 
 
 def _unloadable_line(path_workload: str, path_records: str) -> tuple[int, int] | None:
