@@ -68,7 +68,6 @@ DEFAULT_SUMS = 32
 DEFAULT_SPLITS = 4
 MIN_TILES_PER_CORE = 4  # below this many N tiles per core, split K as well
 SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
-AUTO_TENSORIZE = "meta_schedule.auto_tensorize"  # the block RewriteTensorize tensorizes, and with what
 
 
 def row_candidates(pattern: GemvPattern) -> list:
@@ -159,11 +158,11 @@ def factored_lanes(target) -> int | None:
     return 16 if "avx512f" in feats else 8 if "avx2" in feats else None
 
 
-def schedule_factored(sch, block, pattern: GemvPattern, lanes: int):
-    """The factored sketch (module doc) in place, up to the tensorize: the GEMV blockized over
-    all N and K and annotated ``meta_schedule.auto_tensorize`` with the shape's intrinsic, the
-    epilogue as one parallel vector loop.  Returns the blockized GEMV for ``tensorize_factored``;
-    ValueError where the format is not the intrinsic's (its structure is checked there)."""
+def schedule_factored(sch, block, pattern: GemvPattern, lanes: int) -> None:
+    """The factored sketch (module doc) in place: the GEMV blockized over all N and K, its init
+    split off before its loops and the update tensorized with the shape's intrinsic, the
+    epilogue as one parallel vector loop.  ValueError where the format is not the intrinsic's,
+    ScheduleError where the expression is not (tensorize compares it)."""
     from tvm_ext.intrinsics import q4_gemv  # pylint: disable=import-outside-toplevel
 
     if pattern.pack != q4_gemv.PACK or pattern.group != q4_gemv.GROUP:
@@ -182,23 +181,13 @@ def schedule_factored(sch, block, pattern: GemvPattern, lanes: int):
     intrin = q4_gemv.register(len(x_buf.shape), len(out.shape), pattern.n, pattern.k, str(scale.dtype),
                               index_dtype, lanes)
     whole = sch.blockize(sch.get_loops(block)[-2])
-    sch.annotate(whole, AUTO_TENSORIZE, intrin)
+    sch.decompose_reduction(whole, sch.get_loops(whole)[0])  # the intrinsic adds to C: init first
+    sch.tensorize(whole, intrin)
     if pattern.epilogues:
         last = sch.get_sblock(pattern.epilogues[-1])
         tiles, lanes_loop = sch.split(sch.fuse(*sch.get_loops(last)), [None, lanes])
         sch.parallel(tiles)
         sch.vectorize(lanes_loop)
-    return whole
-
-
-def tensorize_factored(sch, outer) -> None:
-    """``schedule_factored``'s block with its init split off before its loops and the update
-    tensorized with the annotated intrinsic (what RewriteReductionBlock and RewriteTensorize
-    would do); ScheduleError where the GEMV is not the intrinsic's expression."""
-    intrin = str(sch.get(outer).annotations[AUTO_TENSORIZE])
-    sch.decompose_reduction(outer, sch.get_loops(outer)[0])
-    sch.unannotate(outer, AUTO_TENSORIZE)
-    sch.tensorize(outer, intrin)
 
 
 def wants_split_k(pattern: GemvPattern, cores: int) -> bool:
@@ -227,7 +216,7 @@ def _untuned_func(name: str, func, target):
         sch = Schedule(tvm.IRModule({name: func}))
         sch.work_on(name)
         try:
-            tensorize_factored(sch, schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes))
+            schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes)
             return sch.mod[name]
         except (ScheduleError, ValueError, StopIteration):
             pass  # not the intrinsic's form: the scheduled sketches below

@@ -347,36 +347,32 @@ def test_factored_matches_numpy(gemvs, projection, target):
     _check(kernel, mod)
 
 
-@T.prim_func(s_tir=True)
-def _gemv_q4_zero8(p: T.Buffer((16, 8), "uint32"), s: T.Buffer((16, 2), "float16"),
-                   x: T.Buffer((1, 64), "float32"), y: T.Buffer((1, 16), "float32")):
-    # another q4 format: zero point 8, not the intrinsic's 7
-    w = T.sblock_alloc_buffer((64, 16))
-    for i, j in T.grid(64, 16):
-        with T.sblock("dq"):
-            vi, vj = T.axis.remap("SS", [i, j])
-            w[vi, vj] = (T.Cast("float32", p[vj, vi // 8] >> T.Cast("uint32", vi % 8) * T.uint32(4)
-                                & T.uint32(15)) - T.float32(8)) * T.Cast("float32", s[vj, vi // 32])
-    for i, j, k in T.grid(1, 16, 64):
-        with T.sblock("gemv"):
-            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-            with T.init():
-                y[vi, vj] = T.float32(0)
-            y[vi, vj] = y[vi, vj] + x[vi, vk] * w[vk, vj]
+def _te_q4_gemv(n, k, scale_dtype, zero_point=q4_gemv.ZERO_POINT):
+    """A q4 GEMV written in TE with the workloads' dequantize (``q4_weight``)."""
+    from tvm import te
+
+    x = te.placeholder((1, 1, k), "float32", name="x")
+    p = te.placeholder((n, k // 8), "uint32", name="p")
+    s = te.placeholder((n, k // 32), scale_dtype, name="s")
+    r = te.reduce_axis((0, k), "r")
+    y = te.compute((1, 1, n), lambda i, j, c: te.sum(
+        x[i, j, r] * q4_gemv.q4_weight(p, s, c, r, "float32", zero_point), axis=r))
+    return te.create_prim_func([x, p, s, y])
 
 
 @needs_avx2
 def test_other_dequantize_keeps_the_scheduled_sketch():
     """Zero point 8: the rule matches (same structure) but the intrinsic does not (tensorize
     compares the expression), so ``untuned`` gives the scheduled sketch, and the right result."""
-    mod = untuned(_main(_gemv_q4_zero8), AVX2)
+    func = _te_q4_gemv(16, 64, "float16", zero_point=8)
+    mod = untuned(_main(func), AVX2)
     assert not _is_factored(mod) and "_rf_local" in mod["main"].script()
     rng = np.random.default_rng(3)
-    arrays = random_arrays(_gemv_q4_zero8, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
+    arrays = random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
     args = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
     tvm.compile(mod, target=TARGET)["main"](*args)
-    ref = arrays[2].reshape(-1).astype("float64") @ (phi2.dequantize_np(arrays[0], arrays[1])
-                                                     - np.repeat(arrays[1].astype("float64"), 32, axis=1).T)
+    ref = arrays[0].reshape(-1).astype("float64") @ (phi2.dequantize_np(arrays[1], arrays[2])
+                                                     - np.repeat(arrays[2].astype("float64"), 32, axis=1).T)
     np.testing.assert_allclose(args[-1].numpy().reshape(-1), ref, rtol=1e-5, atol=1e-5)
 
 
@@ -392,18 +388,6 @@ def test_rule_keeps_to_the_scheduled_sketches_in_metaschedule():
     sch = Schedule(_main(_gemv_q4_small))
     sketches = rule.apply(sch, sch.get_sblock("gemv"))
     assert sketches and all("_rf_local" in s.mod["main"].script() for s in sketches)
-
-
-def _te_q4_gemv(n, k, scale_dtype):
-    """A q4 GEMV written in TE with the workloads' dequantize (``q4_weight``)."""
-    from tvm import te
-
-    x = te.placeholder((1, 1, k), "float32", name="x")
-    p = te.placeholder((n, k // 8), "uint32", name="p")
-    s = te.placeholder((n, k // 32), scale_dtype, name="s")
-    r = te.reduce_axis((0, k), "r")
-    y = te.compute((1, 1, n), lambda i, j, c: te.sum(x[i, j, r] * q4_gemv.q4_weight(p, s, c, r, "float32"), axis=r))
-    return te.create_prim_func([x, p, s, y])
 
 
 @needs_avx2

@@ -22,7 +22,7 @@ How (``impl``), the same value up to float reassociation::
 * rows in parallel, each walked in memory order; per chunk one zero-extending byte load
   (``vpmovzxbd``), the low nibbles masked and the high ones shifted out, both converted and
   multiplied with the permuted ``X`` (2 FMAs per 2 x ``lanes`` inputs); the scale applied once
-  per group, into one of ``U`` accumulators in turn; ``corr`` dotted with the row's scales at the
+  per group, into one of up to 4 accumulators in turn; ``corr`` dotted with the row's scales at the
   end of the row.  Per 8 inputs that is ~3.5 vector instructions where the scheduled form
   (``rules/dequant_gemv.py``'s other sketches: broadcast, shift, mask, convert, subtract 7,
   scale, FMA per input) has 6, and with ``lanes`` 16 (AVX-512) half of them again; the row's
@@ -50,12 +50,13 @@ LANES = (8, 16)
 PREFIX = "tvm_ext.q4_gemv_f32"
 
 
-def q4_weight(packed, scale, row, col, dtype):
+def q4_weight(packed, scale, row, col, dtype, zero_point: int = ZERO_POINT):
     """Element (row, col) of a q4 weight stored as (rows, cols/8) uint32 words + (rows,
-    cols/32) scales: (q - 7) * scale, as the decode kernels (and ``desc``) compute it."""
+    cols/32) scales: (q - 7) * scale, as the decode kernels (and ``desc``) compute it (another
+    ``zero_point``: a format the intrinsic does not cover, for tests)."""
     q = (packed[row, col // PACK] >> (tirx.Cast("uint32", col % PACK) * tirx.const(4, "uint32"))) \
         & tirx.const(15, "uint32")
-    return (tirx.Cast(dtype, q) - tirx.const(ZERO_POINT, dtype)) * tirx.Cast(dtype, scale[row, col // GROUP])
+    return (tirx.Cast(dtype, q) - tirx.const(zero_point, dtype)) * tirx.Cast(dtype, scale[row, col // GROUP])
 
 
 def name(x_rank: int, c_rank: int, n: int, k: int, scale_dtype: str, index_dtype: str, lanes: int) -> str:
