@@ -80,6 +80,18 @@ def test_gemv_matches_int8_reference(k, n, epilogue):
     assert 1e-6 < err < 0.02
 
 
+def test_gemv_prefetches_its_weight_stream():
+    """The GEMV asks for the packed stream ``PREFETCH`` bytes ahead (once per cache line: 2
+    per step of 4 blocks); ``prefetch=0`` builds it without. The results above are the
+    prefetching kernel's, on shapes whose stream is shorter than the distance (clamped)."""
+    def asm(func):
+        return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                           target=resolve_target({"kind": "llvm", "mcpu": "haswell"})).mod.inspect_source("asm")
+
+    assert asm(q.q4_int8_gemv(16, 256)).count("prefetcht0") == 2
+    assert "prefetch" not in asm(q.q4_int8_gemv(16, 256, prefetch=0))
+
+
 VNNI_TARGETS = {"avx512vnni": {"kind": "llvm", "mcpu": "cascadelake"}, "avxvnni": {"kind": "llvm", "mcpu": "alderlake"}}
 
 

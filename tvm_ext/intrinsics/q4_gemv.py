@@ -41,11 +41,12 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from tvm_ext.intrinsics import register_once
+from tvm_ext.intrinsics.prefetch import PREFETCH
+from tvm_ext.intrinsics.prefetch import prefetch as prefetch_line
 
 GROUP = 32  # inputs per scale
 PACK = 8  # 4-bit values per uint32 word
 ZERO_POINT = 7
-PREFETCH = 8192  # bytes ahead of the packed row stream
 LANES = (8, 16)
 PREFIX = "tvm_ext.q4_gemv_f32"
 
@@ -154,8 +155,7 @@ def make_impl(x_rank, c_rank, n, k, scale_dtype, index_dtype, lanes, prefetch=PR
         return halves(v, lanes) + (halves(c, corr_lanes) if corr_lanes > 1 else c)
 
     def prefetch_at(pb, row, step):
-        ahead = T.min(row * words * 4 + step * acc_n * lanes + prefetch, nbytes - 1)
-        return T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(pb[ahead]), 0, 3, 1)
+        return prefetch_line(pb, T.min(row * words * 4 + step * acc_n * lanes + prefetch, nbytes - 1))
 
     @T.prim_func(s_tir=True)
     def impl(x: T.Buffer(xs, "float32", offset_factor=1), packed: T.Buffer(ps, "uint32", offset_factor=1),

@@ -21,7 +21,9 @@ Two hand-scheduled kernels (TVMScript; no schedule rule applies to them, they ca
     even and odd activations (unsigned nibble x signed int8, pairs summed in int16: at most
     2 x 15 x 127, no saturation), the two added, ``vpmaddwd`` by ones (one int32 per packed
     word), ``corr`` added, converted to float and multiplied by ``x_scale x w_scale`` into 8
-    float lanes; the lanes summed once per row, then bias (and gelu) added.
+    float lanes; the lanes summed once per row, then bias (and gelu) added.  Each step asks
+    for the packed bytes 8 KiB ahead (``intrinsics.prefetch``): from DRAM on the AVX-512 host
+    (600 MB of weight copies cycled) o 0.202 -> 0.140 ms, fc2 0.820 -> 0.586, qkv 0.592 -> 0.414.
 
 Needs AVX2 (``vpmaddubsw``/``vpmaddwd`` on 256 bits; every x86 CPU since Haswell); the
 caller checks the target (``check_target``).  K must be a multiple of 64.  ``isa="vnni"``
@@ -37,6 +39,8 @@ import math
 
 import numpy as np
 
+from tvm_ext.intrinsics.prefetch import LINE, PREFETCH
+from tvm_ext.intrinsics.prefetch import prefetch as prefetch_line
 from tvm_ext.intrinsics.vnni import MADDUBS, MADDWD, vpdpbusd
 
 GROUP = 32  # inputs per scale (activation and weight)
@@ -122,7 +126,8 @@ def _gelu_tanh(v):
         c * (v + tirx.const(0.044715, "float32") * v * v * v)))
 
 
-def q4_int8_gemv(n: int, k: int, scale_dtype: str = "float16", epilogue: str = "bias", isa: str = "avx2"):
+def q4_int8_gemv(n: int, k: int, scale_dtype: str = "float16", epilogue: str = "bias", isa: str = "avx2",
+                 prefetch: int = PREFETCH):
     """PrimFunc (xq, corr, x_scale, packed (N, K/8) uint32, scale (N, K/32), bias (N,)) ->
     y (1, 1, N) float32; ``epilogue`` "bias" or "bias_gelu".  See the module doc.
 
@@ -140,6 +145,9 @@ def q4_int8_gemv(n: int, k: int, scale_dtype: str = "float16", epilogue: str = "
         raise ValueError(f"isa must be one of {ISAS}, not {isa!r}")
     blocks, words = k // BLOCK, k // 8
     per = next(p for p in (4, 2, 1) if blocks % p == 0)
+    nbytes = n * words * 4
+    step_bytes = per * BLOCK // 2  # packed bytes a step reads
+    n_lines = -(-step_bytes // LINE) if prefetch else 0
     finish = _gelu_tanh if epilogue == "bias_gelu" else (lambda v: v)
     mask = T.broadcast(T.uint32(0x0F0F0F0F), 8)
     four = T.broadcast(T.uint32(4), 8)
@@ -178,11 +186,15 @@ def q4_int8_gemv(n: int, k: int, scale_dtype: str = "float16", epilogue: str = "
         T.func_attr({"op_pattern": 8, "tirx.noalias": True, "tir.is_scheduled": True,
                      "tvm_ext.q4_int8_gemv": [n, k, scale_dtype, epilogue, isa]})
         with T.sblock("root"):  # a root block: Relax's passes read every call_tir callee as s_tir
+            pb = T.decl_buffer((nbytes,), "uint8", data=packed.data)
             for row in T.parallel(n):
                 # default scope: a stack array LLVM keeps in registers ("local" is a workspace per row)
                 acc = T.decl_buffer((16,), "float32")
                 acc[T.ramp(0, 1, 16)] = zeros
                 for s in range(blocks // per):
+                    for off in T.unroll(n_lines):
+                        T.evaluate(prefetch_line(pb, T.min(
+                            row * words * 4 + s * step_bytes + off * LINE + prefetch, nbytes - 1)))
                     for j in T.unroll(per):
                         acc[T.ramp(j % 2 * 8, 1, 8)] = acc[T.ramp(j % 2 * 8, 1, 8)] + block_sum(
                             xq, corr, x_scale, packed,
