@@ -347,6 +347,16 @@ def test_factored_matches_numpy(gemvs, projection, target):
     _check(kernel, mod)
 
 
+def test_fc1_gelu_epilogue_vectorizes(gemvs):
+    """fc1's gelu uses TVM's fast_tanh (``phi2_layers._te_gelu_tanh``): its epilogue loop has
+    no libm call left (``relax.op.nn.gelu_tanh``'s tanh became one scalar ``expf`` per element
+    on LLVM CPU targets) and the factored kernel stays within NumPy's tolerance (above)."""
+    mod = untuned(_main(gemvs["fc1"].func), AVX512)
+    assert _is_factored(mod)
+    asm = tvm.compile(mod, target=AVX512).mod.inspect_source("asm")
+    assert "expf" not in asm and "tanhf" not in asm
+
+
 def _te_q4_gemv(n, k, scale_dtype, zero_point=q4_gemv.ZERO_POINT):
     """A q4 GEMV written in TE with the workloads' dequantize (``q4_weight``)."""
     from tvm import te
