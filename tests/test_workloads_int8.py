@@ -130,6 +130,42 @@ def test_requantize_reference_matches_tvm_where_int32_overflows():
     np.testing.assert_array_equal(expected[128:134], [99, 100, 100, 100, 101, 101])  # x/8, half up
 
 
+@pytest.mark.parametrize("int32_rescale,lo,hi", [(True, 0, 255), (False, 0, 255), (True, 0, 200), (False, 20, 255)])
+def test_requantize_folded_into_the_add_equals_the_two_steps(int32_rescale, lo, hi):
+    """qnn.requantize_add_requantize (the AMX layout's residual epilogue: the requantize kept
+    in int32, no uint8 round trip) compiled by TVM equals the NumPy reference of the two
+    recorded steps, requantize then add_requantize, bit for bit: accumulators driving the
+    requantize below ``lo``, above ``hi`` and through the range, folded ReLU/Clip bounds."""
+    rng = np.random.default_rng(5)
+    n, c = 512, 8
+    acc = rng.integers(-(2**20), 2**20, (n, c)).astype("int32")
+    acc[:32], acc[32:64] = -(2**24), 2**24  # clipped at lo and at hi
+    zp_corr = rng.integers(-3000, 3000, (1, c)).astype("int32")
+    bias = rng.integers(-500, 500, (1, c)).astype("int32")
+    mult = rng.integers(2**30, 2**31, c).astype("int32")
+    lshift = np.zeros(c, "int32")
+    rshift = rng.integers(10, 14, c).astype("int32")
+    b_np = rng.integers(0, 256, (n, c)).astype("uint8")
+    add = [rng.integers(2**29, 2**31, c).astype("int32"), rng.integers(0, 3, c).astype("int32"),
+           rng.integers(2**29, 2**31, c).astype("int32"), rng.integers(0, 3, c).astype("int32")]
+    req = {"zp_out": 113, "lo": lo, "hi": hi}
+    zps = {"zp_a": 113, "zp_b": 35, "zp_out": 40}
+    consts = [acc, zp_corr, bias, mult, lshift, rshift]
+    holders = [te.placeholder(a.shape, "int32", name=f"r{i}") for i, a in enumerate(consts)]
+    b = te.placeholder(b_np.shape, "uint8", name="b")
+    add_holders = [te.placeholder((c,), "int32", name=f"a{i}") for i in range(4)]
+    out = qnn.requantize_add_requantize(*holders, b, *add_holders, zp_req=113, lo_req=lo, hi_req=hi, **zps,
+                                        int32_rescale=int32_rescale)
+    lib = tvm.compile(te.create_prim_func([*holders, b, *add_holders, out]), target=LLVM)
+    got = tvm.runtime.tensor(np.zeros((n, c), "uint8"))
+    lib(*(tvm.runtime.tensor(a) for a in [*consts, b_np, *add]), got)
+    a_np = qnn_reference.requantize(*consts, **req)
+    assert a_np.min() == lo and a_np.max() == hi and len(np.unique(a_np)) > 50
+    expected = qnn_reference.add_requantize(a_np, b_np, *add, **zps)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert len(np.unique(expected)) > 50
+
+
 def test_seed_conv_primfunc_matches_reference():
     func = conv2d_int8.seed_conv_primfunc(image=6, channels=8, out_channels=16)
     assert _const_scalar_blocks(func) == ["compile_engine_const"]

@@ -15,7 +15,9 @@ rows of [16 outputs][4 inputs]. So, compared with the VNNI emission of ``qnn_pac
   blocks (its per-channel constants and channel axes follow the block size); the residual
   add rescales its two inputs in int32 lanes (``qnn._qmsa_int32``, same values): its
   epilogue was three int64 ``q_multiply_shift`` per output, the most expensive part of the
-  residual tasks after AMX made the convs fast;
+  residual tasks after AMX made the convs fast; and the requantize feeding it is computed
+  inside the add, in int32 (``PackedEmitter.fold_requantize``): the fused task no longer
+  casts that value to uint8 and back (5-13 % of those tasks, same values);
 * an imported model's convs that are grouped or whose outputs are not a multiple of 64
   (``tvm-ext import --layout amx``) are emitted as ``qnn_packed`` does (16-lane blocks),
   and convs reading them are left to VNNI by the AMX rule.
@@ -73,10 +75,12 @@ def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride=1, pad=0,
 
 
 class AMXEmitter(PackedEmitter):
-    """``PackedEmitter`` with 64-channel activation blocks (see the module doc), and the
-    residual adds' two rescales in int32 lanes where that is exact (``qnn._qmsa_int32``)."""
+    """``PackedEmitter`` with 64-channel activation blocks (see the module doc), the
+    residual adds' two rescales in int32 lanes where that is exact (``qnn._qmsa_int32``), and
+    their conv's requantize folded into them."""
 
     int32_rescale = True
+    fold_requantize = True
 
     def input(self, bb, var) -> Packed:
         if str(var.ty.dtype) != "uint8":  # an imported model's float input: packed after its quantize

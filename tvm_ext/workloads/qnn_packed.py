@@ -110,6 +110,16 @@ def pack_input(data: te.Tensor, *, cb: int) -> te.Tensor:
     return te.compute((n, -(-c // cb), h, w, cb), _body, name="layout_nchwc")
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A requantize step not emitted: its int32 accumulator (``Packed``), constants and
+    attributes, for the residual add that is its only use (``PackedEmitter.plan``)."""
+
+    acc: "Packed"
+    consts: tuple
+    attrs: dict
+
+
 class PackedEmitter:
     """Emits the steps of a QuantGraph on packed tensors (see the module doc). ``unfit``
     counts the convs and denses whose weights do not pass ``pairs_fit_int16`` (no AVX2 form)."""
@@ -131,7 +141,27 @@ class PackedEmitter:
         cb = channel_block(shape[-1])
         return Packed(bb.emit_te(pack_input, var, cb=cb, primfunc_name_hint="layout_nchwc"), shape[-1], cb)
 
+    fold_requantize = False  # see ``plan``
+    _index, _fold = None, frozenset()
+
+    def plan(self, steps, n_inputs: int) -> None:
+        """With ``fold_requantize``: note the requantize steps whose only use is a residual
+        add's first input; ``step`` defers them (``Deferred``) and the add computes them in
+        int32 (``qnn.requantize_add_requantize``: same values, no uint8 round trip)."""
+        uses = {}
+        for st in steps:
+            for pos, v in enumerate(st.inputs):
+                uses.setdefault(v, []).append((st.op, pos))
+        self._index = n_inputs
+        self._fold = frozenset(n_inputs + i for i, st in enumerate(steps) if self.fold_requantize
+                               and st.op == "requantize" and uses.get(n_inputs + i) == [("add_requantize", 0)])
+
     def step(self, bb, step, args) -> Packed:
+        index = self._index
+        if index is not None:
+            self._index += 1
+        if index in self._fold:
+            return Deferred(args[0], step.consts, step.attrs)
         method = getattr(self, f"_{step.op}", None)
         if method is None:
             raise ValueError(f"layout nchwc does not take {step.op} steps ({step.name}) yet; use layout nhwc")
@@ -174,17 +204,25 @@ class PackedEmitter:
 
     int32_rescale = False  # residual adds' rescales in int32 lanes where exact (qnn._qmsa_int32)
 
-    def _add_requantize(self, bb, a: Packed, b: Packed, *consts, **zps) -> Packed:
-        assert (a.channels, a.cb) == (b.channels, b.cb)
+    def _add_requantize(self, bb, a, b: Packed, *consts, **zps) -> Packed:
+        acc = a.acc if isinstance(a, Deferred) else a
+        assert (acc.channels, acc.cb) == (b.channels, b.cb)
         mult_a, rshift_a, mult_b, rshift_b = consts
         frac = zps.get("frac_bits", 0)
         if self.int32_rescale and qnn.int32_rescale_fits(mult_a, rshift_a, zps.get("lshift_a", 0) + frac) \
                 and qnn.int32_rescale_fits(mult_b, rshift_b, zps.get("lshift_b", 0) + frac):
             zps = dict(zps, int32_rescale=True)
-        consts = [relax.const(a.per_channel(c)) for c in consts]
-        out = bb.emit_te(qnn.add_requantize, a.var, b.var, *consts, **zps, channel_axes=a.channel_axes,
-                         primfunc_name_hint="add_requantize")
-        return replace(a, var=out)
+        consts = [relax.const(acc.per_channel(c)) for c in consts]
+        if isinstance(a, Deferred):  # the requantize computed here, in int32
+            req = [relax.const(acc.per_channel(c)) for c in a.consts]
+            attrs = {"zp_req": a.attrs["zp_out"], "lo_req": a.attrs.get("lo", 0), "hi_req": a.attrs.get("hi", 255),
+                     "left_req": a.attrs.get("left", 0)}
+            out = bb.emit_te(qnn.requantize_add_requantize, acc.var, *req, b.var, *consts, **attrs, **zps,
+                             channel_axes=acc.channel_axes, primfunc_name_hint="requantize_add_requantize")
+        else:
+            out = bb.emit_te(qnn.add_requantize, a.var, b.var, *consts, **zps, channel_axes=a.channel_axes,
+                             primfunc_name_hint="add_requantize")
+        return replace(acc, var=out)
 
     def _max_pool2d(self, bb, x: Packed, **attrs) -> Packed:
         out = bb.emit_te(qnn.max_pool2d, x.var, **attrs, spatial=NCHWC_SPATIAL, primfunc_name_hint="max_pool2d")
