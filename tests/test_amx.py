@@ -325,6 +325,11 @@ def test_amx_network_untuned_exact_and_tasks():
     assert len(np.unique(out)) > 10
     tasks = [t for t in tuning.extract_tasks(wl, tvm.target.Target(SPR)) if "conv2d_nchwc" in t.name]
     assert sum(t.weight for t in tasks) == 53
+    # every conv fused with its epilogue; the 16 residual adds computing their conv's requantize
+    # in int32 (fold_requantize: no uint8 round trip, same values as the reference above)
+    assert all(t.name.startswith("fused_") for t in tasks)
+    assert sum(t.weight for t in tasks if "requantize_add_requantize" in t.name) == 16
+    assert not any("_add_requantize" in t.name and "requantize_add" not in t.name for t in tasks)
     rule = AMXTensorize()
     for task in tasks:
         sch = tvm.s_tir.Schedule(task.mod)
