@@ -142,25 +142,23 @@ class PackedEmitter:
         return Packed(bb.emit_te(pack_input, var, cb=cb, primfunc_name_hint="layout_nchwc"), shape[-1], cb)
 
     fold_requantize = False  # see ``plan``
-    _index, _fold = None, frozenset()
+    _fold = frozenset()  # ids of the requantize steps ``step`` defers
 
     def plan(self, steps, n_inputs: int) -> None:
         """With ``fold_requantize``: note the requantize steps whose only use is a residual
         add's first input; ``step`` defers them (``Deferred``) and the add computes them in
         int32 (``qnn.requantize_add_requantize``: same values, no uint8 round trip)."""
+        if not self.fold_requantize:
+            return
         uses = {}
         for st in steps:
             for pos, v in enumerate(st.inputs):
                 uses.setdefault(v, []).append((st.op, pos))
-        self._index = n_inputs
-        self._fold = frozenset(n_inputs + i for i, st in enumerate(steps) if self.fold_requantize
-                               and st.op == "requantize" and uses.get(n_inputs + i) == [("add_requantize", 0)])
+        self._fold = frozenset(id(st) for i, st in enumerate(steps)
+                               if st.op == "requantize" and uses.get(n_inputs + i) == [("add_requantize", 0)])
 
     def step(self, bb, step, args) -> Packed:
-        index = self._index
-        if index is not None:
-            self._index += 1
-        if index in self._fold:
+        if id(step) in self._fold:
             return Deferred(args[0], step.consts, step.attrs)
         method = getattr(self, f"_{step.op}", None)
         if method is None:
