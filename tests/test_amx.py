@@ -310,7 +310,8 @@ def test_network_conv_layouts_tensorize_with_amx():
 
 @pytest.mark.slow
 def test_amx_network_untuned_exact_and_tasks():
-    """resnet50-int8-amx (small images) equals resnet50-int8's NumPy reference untuned;
+    """resnet50-int8-amx (small images) equals its NumPy reference untuned: resnet50-int8's
+    graph with float32 epilogues (qnn_float), a few rounding steps from the fixed-point one;
     the rule tensorizes its 53 convs where the layout and width allow."""
     from tvm import relax
 
@@ -321,7 +322,8 @@ def test_amx_network_untuned_exact_and_tasks():
     graph, inputs = resnet50_int8.network(batch=1, image=32, seed=0)
     vm = relax.VirtualMachine(relax.build(wl.mod, target=tvm.target.Target("llvm")), tvm.cpu())
     out = vm["main"](*(tvm.runtime.tensor(a) for a in wl.inputs)).numpy()
-    np.testing.assert_array_equal(out, graph(inputs))
+    np.testing.assert_array_equal(out, wl.reference(inputs))
+    assert 0 < np.abs(out.astype(int) - graph(inputs)).max() <= 40  # rounding differences grow with depth
     assert len(np.unique(out)) > 10
     tasks = [t for t in tuning.extract_tasks(wl, tvm.target.Target(SPR)) if "conv2d_nchwc" in t.name]
     assert sum(t.weight for t in tasks) == 53

@@ -14,6 +14,7 @@ import tvm_ffi
 
 from tvm_ext.arrays import random_arrays
 from tvm_ext.rulesets import space
+from tvm_ext.tune.runner import runner_seconds  # noqa: F401  (phi2 and its tests measure seeds with it)
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
 
@@ -279,34 +280,6 @@ def log_dir(tuning_dir, kind, target, fusion, schedule):
     """tuning_logs/phi2-<kind>-<target kind>-<fused|unfused>/<schedule>."""
     tname = target.kind.name
     return os.path.join(tuning_dir, f"phi2-{kind}-{tname}-{'fused' if fusion else 'unfused'}", schedule)
-
-
-def runner_seconds(mods, target, runner, builder=None) -> dict:
-    """{name: mean run seconds} of each scheduled ``{name: IRModule}``, built by the stack's
-    builder and run by ``runner``: the seconds a tuning record of it would hold when that
-    runner measured it.  RuntimeError naming the kernel if one fails to build or run."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from tvm_ext.tune.builder import make_builder
-    from tvm_ext.tune.database import mean_run_seconds
-
-    names = list(mods)
-    builder = builder if builder is not None else make_builder()
-    built = builder.build([ms.builder.BuilderInput(mods[n], target) for n in names])
-    for name, b in zip(names, built):
-        if b.error_msg:
-            raise RuntimeError(f"building {name} for the runner failed: {b.error_msg.splitlines()[0]}")
-    device = "cpu" if target.kind.name == "llvm" else target.kind.name
-    inputs = [ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(mods[n]["main"]))
-              for n, b in zip(names, built)]
-    out = {}
-    for name, future in zip(names, runner.run(inputs)):
-        res = future.result()
-        secs = None if res.error_msg else mean_run_seconds(res.run_secs)
-        if secs is None:
-            raise RuntimeError(f"running {name} with the tuning runner failed: {res.error_msg}")
-        out[name] = secs
-    return out
 
 
 def seed_database(db, mods, dlight, target, dlight_secs):

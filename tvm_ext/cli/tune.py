@@ -49,6 +49,10 @@ def add_parser(sub) -> None:
                         "check it bit-exactly against NumPy and time it against ONNX Runtime on "
                         "the same network, interleaved ('ort' needs the [bench] extra; 'auto': "
                         "when onnxruntime is installed; default none)")
+    p.add_argument("--reuse-schedules", action="store_true",
+                   help="tasks whose TIR changed since the work dir was tuned (same task name: e.g. a "
+                        "workload's epilogue computed another way) start from their old best schedule, "
+                        "replayed on the new TIR and measured, instead of from nothing")
     p.add_argument("--json", action="store_true", help="print the resulting report as JSON")
     p.set_defaults(func=run)
 
@@ -81,7 +85,7 @@ def run(args) -> int:
         try:
             result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
                                  log=log, per_iter=args.per_iter, should_stop=interrupted,
-                                 verbose=args.verbose)
+                                 verbose=args.verbose, reuse_schedules=args.reuse_schedules)
         except BaseException:  # the stop arrives wrapped in TVM's error types
             if not interrupted():
                 raise

@@ -20,6 +20,7 @@ from tvm_ext.tune.logs import loggers_for
 from tvm_ext.tune.database import (best_record, open_database, prepare_work_dir, read_meta,
                                    record_seconds, records_of, write_meta)
 from tvm_ext.tune.runner import make_runner
+from tvm_ext.tune.transfer import reuse_schedules as reuse_schedules_of
 from tvm_ext.tune.search import (TuningInterrupted, after_each_batch, search_strategy,
                                  stop_callback)
 
@@ -135,7 +136,8 @@ class Rejections:
 
 def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
          log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16,
-         should_stop: Callable[[], bool] = lambda: False, verbose: bool = False) -> dict:
+         should_stop: Callable[[], bool] = lambda: False, verbose: bool = False,
+         reuse_schedules: bool = False) -> dict:
     """Tune every task of ``workload`` up to ``trials`` records each; resumable.
 
     ``per_iter`` candidates are measured per search iteration; records reach the database
@@ -143,15 +145,22 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
     line per task (trials done / total, ETA from this run's seconds per trial); a task whose
     candidates all fail shows the first error. The database is opened once.
 
+    ``reuse_schedules``: tasks whose TIR changed start from their old best schedule
+    (``tvm_ext.tune.transfer``).
+
     Returns the report (see ``report``) of the work dir after tuning.
     """
     if trials < 1:
         raise ValueError(f"--trials must be at least 1, not {trials}")
     meta = prepare_work_dir(work_dir, workload, target, ruleset, log)
     tasks = extract_tasks(workload, target)
+    old_tasks = load_tasks(work_dir, meta) if reuse_schedules and meta.get("tasks") else []
     save_tasks(work_dir, meta, tasks)
     runner = runner if runner is not None else make_runner()
     database = open_database(work_dir)
+    if old_tasks:
+        reused = reuse_schedules_of(old_tasks, tasks, database, target, runner, log=log)
+        log(f"{reused} changed tasks start from their old schedule")
     todo = {task.name: max(0, trials - len(records_of(database, task.mod))) for task in tasks}
     left, spent, measured = sum(todo.values()), 0.0, 0
     log(f"{len(tasks)} tasks, {sum(trials - n for n in todo.values())} of {trials * len(tasks)} "

@@ -45,3 +45,29 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None, time
     rpc_config = ms.runner.RPCConfig(tracker_host=host, tracker_port=int(port), tracker_key=rpc_key,
                                      session_timeout_sec=timeout)
     return ms.runner.RPCRunner(rpc_config=rpc_config, evaluator_config=config, max_workers=1)
+
+
+def runner_seconds(mods, target, runner, builder=None) -> dict:
+    """{name: mean run seconds} of each scheduled ``{name: IRModule}``, built by the stack's
+    builder and run by ``runner``: the seconds a tuning record of it would hold when that
+    runner measured it.  RuntimeError naming the kernel if one fails to build or run."""
+    from tvm_ext.tune.builder import make_builder  # pylint: disable=import-outside-toplevel
+    from tvm_ext.tune.database import mean_run_seconds  # pylint: disable=import-outside-toplevel
+
+    names = list(mods)
+    builder = builder if builder is not None else make_builder()
+    built = builder.build([ms.builder.BuilderInput(mods[n], target) for n in names])
+    for name, b in zip(names, built):
+        if b.error_msg:
+            raise RuntimeError(f"building {name} for the runner failed: {b.error_msg.splitlines()[0]}")
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    inputs = [ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(mods[n]["main"]))
+              for n, b in zip(names, built)]
+    out = {}
+    for name, future in zip(names, runner.run(inputs)):
+        res = future.result()
+        secs = None if res.error_msg else mean_run_seconds(res.run_secs)
+        if secs is None:
+            raise RuntimeError(f"running {name} with the tuning runner failed: {res.error_msg}")
+        out[name] = secs
+    return out

@@ -299,9 +299,8 @@ def concat(*data, axis):
 
 
 # --------------------------------------------------------------------------------------
-# QuantGraph: records a quantized network once, with weights and quantization
-# parameters drawn from a seed and calibrated on a sample input; then emits it as a
-# fused Relax module (one PrimFunc per op, FuseOps + FuseTIR) or runs it in NumPy.
+# QuantGraph: records a quantized network once (weights and quantization parameters drawn from a
+# seed, calibrated on a sample input); emits it as a fused Relax module or runs it in NumPy.
 # --------------------------------------------------------------------------------------
 
 TARGET_RMS = 40.0  # calibrated spread of every requantized output around its zero point
@@ -362,6 +361,8 @@ def fuse(mod: tvm.IRModule) -> tvm.IRModule:
 
 class QuantGraph:
     """Quantized network recorder. Call it on inputs to run the NumPy reference."""
+
+    reference = ref  # the NumPy twins ``run`` evaluates the steps with (qnn_float: float epilogues)
 
     def __init__(self, seed: int = 0):
         self.rng = np.random.RandomState(seed)
@@ -443,7 +444,7 @@ class QuantGraph:
         values = [np.asarray(v) for v in inputs]
         for step in self.steps:
             args = [values[i] for i in step.inputs]
-            values.append(getattr(ref, step.op)(*args, *step.consts, **step.attrs))
+            values.append(getattr(self.reference, step.op)(*args, *step.consts, **step.attrs))
         return values
 
     def __call__(self, inputs) -> np.ndarray:

@@ -1,0 +1,66 @@
+"""Carry a work dir's schedules over to tasks whose TIR changed (``tvm-ext tune --reuse-schedules``).
+
+When a workload's code changes a task's TIR but not its loops and blocks (an epilogue computed
+another way: ``qnn_float``), the database has no record of the new module, and tuning would
+start from nothing. Here the best record of the old module of the same task name has its trace
+replayed on the new module; where that succeeds, the schedule is built and measured by the
+tuning runner, like any candidate, and committed as the new module's first record. The search
+then starts from it (MetaSchedule seeds its population with the database's best) and keeps it
+only while nothing it measures is faster. A trace that does not replay (blocks renamed, loops
+changed) is skipped with one line: that task is tuned from scratch.
+"""
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_ext.tune.database import best_record, records_of
+from tvm_ext.tune.runner import runner_seconds
+
+
+def replayed(record, mod: tvm.IRModule):
+    """The schedule of ``mod`` given by ``record``'s trace (postprocessors included), or None
+    where the trace does not apply to it."""
+    sch = tvm.s_tir.Schedule(mod)
+    try:
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+    except (RuntimeError, ValueError, KeyError, IndexError):  # ScheduleError, TVM internal errors
+        return None
+    return sch
+
+
+def reuse_schedules(old_tasks, new_tasks, database, target, runner, builder=None, log=print) -> int:
+    """For every task of ``new_tasks`` with no record in ``database`` whose TIR differs from the
+    same-named task of ``old_tasks``: commit the old best schedule replayed on it, measured by
+    ``runner`` (see the module doc). Returns how many were committed."""
+    old = {t.name: t for t in old_tasks}
+    picked = {}
+    for task in new_tasks:
+        before = old.get(task.name)
+        if before is None or records_of(database, task.mod) or tvm_ffi.structural_equal(before.mod, task.mod):
+            continue
+        record = best_record(database, before.mod)
+        sch = replayed(record, task.mod) if record is not None else None
+        if sch is None:
+            log(f"{task.name}: its old schedule does not apply to the new TIR; tuned from scratch")
+            continue
+        picked[task.name] = (task, sch)
+    if not picked:
+        return 0
+    log(f"measuring the old schedules of {len(picked)} changed tasks on their new TIR ...")
+    committed = 0
+    for name, (task, sch) in picked.items():
+        try:
+            secs = runner_seconds({name: sch.mod}, target, runner, builder)[name]
+        except RuntimeError as err:  # built or ran wrong: that task starts from nothing
+            log(f"{name}: its old schedule failed on the new TIR ({str(err).splitlines()[0]}); tuned from scratch")
+            continue
+        database.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, database.commit_workload(task.mod), run_secs=[float(secs)], target=target,
+            args_info=ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+        committed += 1
+    return committed
+
+
+__all__ = ["replayed", "reuse_schedules"]
