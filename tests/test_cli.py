@@ -53,6 +53,9 @@ def one_error_line(args, message):
     (["bench", "conv2d-int8", "--rulesets", "plugin,nope"], "unknown ruleset 'nope'"),
     (["bench", "conv2d-int8", "--rulesets", "plugin,upstream@tpu"], "unknown target 'tpu'"),
     (["bench", "conv2d-int8", "--peers", "tensorrt"], "unknown peer 'tensorrt'"),
+    (["bench", "conv2d-int8", "--beside", "nope"], "unknown workload 'nope'"),
+    (["bench", "conv2d-int8", "--beside", "phi2-decode"], "--beside takes the built-in int8 networks"),
+    (["bench", "phi2-decode", "--beside", "conv2d-int8"], "--beside is for the int8 networks"),
     (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),
     (["report", "/nonexistent/dir"], "/nonexistent/dir"),
     (["check-rules", "--cases", "softmax,nope"], "unknown case(s) nope"),
@@ -215,6 +218,19 @@ def test_bench_checks_exactness_and_writes_json(tuned, tmp_path):
     result = json.loads(out.read_text())  # the databases' budget, the peer row has none
     assert result["trials_per_task"] == 2 and [r["ruleset"] for r in result["rows"]] == ["plugin", "ort"]
     assert "ort" in again
+
+
+def test_bench_times_another_workload_beside(tuned, tmp_path):
+    """--beside: another built-in network (here the same one, through its own row) compiled with
+    its plugin database, checked against its own reference, timed in the same rounds."""
+    work_dir, _, _ = tuned
+    out = tmp_path / "beside.json"
+    _, stdout, _ = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--from-logs", "--rounds", "1",
+                       "--logs-dir", os.path.dirname(work_dir), "--out", str(out), "--beside", "conv2d-int8")
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["ruleset"] for r in rows] == ["plugin", "conv2d-int8:plugin"]
+    assert all(r["exact_match"] and r["e2e_ms"] > 0 and r["work_dir"] == work_dir for r in rows)
+    assert "conv2d-int8:plugin" in stdout
 
 
 def test_cuda_build_only_without_a_gpu():

@@ -15,51 +15,29 @@ from tvm_ext.jsonio import write_json
 
 def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds: int,
         out_json: str | None, log=print, work_root: str = "tuning_logs", peers=(),
-        layers: bool = False) -> dict:
+        layers: bool = False, beside=()) -> dict:
     """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict.
 
     A rule set written ``RULESET@TARGET`` (``upstream@llvm-generic``) is tuned, compiled
     and timed for that target instead of ``target``, in the same rounds as the others.
+    ``beside``: other workloads (built with the same options: the same network in another
+    layout, e.g. ``resnet50-int8-nchwc`` beside ``resnet50-int8-amx``), each with its plugin
+    database, checked against its own reference and timed in the same rounds (rows
+    ``WORKLOAD:plugin``).
 
     ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
     rounds (a row with ``"ruleset": "ort"``); ``layers`` adds ``"per_layer"``: every conv
     task of the first rule set's database against one ORT QLinearConv of its shape."""
-    import tvm
-
-    from tvm_ext.targets import resolve_target, target_key
+    from tvm_ext.targets import resolve_target
 
     runs, rows, targets = {}, [], {}
-    for label in rulesets:
+    networks = [(workload, label, label) for label in rulesets]
+    networks += [(other, "plugin", f"{other.name}:plugin") for other in beside]
+    for net, label, key in networks:
         ruleset, _, target_name = label.partition("@")  # "upstream@llvm-generic": own target
-        row_target = targets[label] = resolve_target(target_name) if target_name else target
-        work_dir = tuning.default_work_dir(workload.name, row_target, ruleset, work_root)
-        if not from_logs:
-            tuning.tune(workload, row_target, work_dir, trials, ruleset, log=log)
-        meta = tuning.read_meta(work_dir)  # a clear error when a committed database is missing
-        tuning.check_instructions(work_dir, row_target)  # not an LLVM abort on a host without VNNI/AMX
-        if meta["options"] != workload.options:
-            raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, "
-                                          f"not {workload.options}")
-        log(f"compiling {workload.name} with the {label} database ...")
-        vm = tuning.make_vm(tuning.compile_workload(workload, row_target, work_dir), row_target)
-        output = tuning.run_workload(vm, workload, row_target)
-        ok, summary = workload.check(output)
-        log(f"{label}: {'exact match' if ok else 'MISMATCH'} with the NumPy reference ({summary})")
-        dev = tuning.device_for(row_target)
-        args = [tvm.runtime.tensor(x, dev) for x in workload.inputs]
-        runs[label] = (lambda vm=vm, args=args, dev=dev: (vm["main"](*args), dev.sync()))
-        summary = tuning.report(work_dir)
-        untuned = [t["name"] for t in summary["tasks"] if t["trials"] == 0]
-        if untuned:  # a database cut short: its e2e row is not a figure of the tuned path
-            log(f"{label}: {len(untuned)} of {len(summary['tasks'])} tasks have no record in "
-                f"{work_dir} and run untuned (resume with tvm-ext tune)")
-        rows.append({"ruleset": label, "exact_match": bool(ok), "work_dir": work_dir,
-                     "untuned_tasks": len(untuned),
-                     "target": target_key(row_target),
-                     "tuned_for": meta["target"].get("mcpu"),
-                     "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
-                     "non_conv_estimate_ms": non_conv_ms(summary),
-                     "trials": tuned_trials(summary["tasks"])})
+        row_target = targets[key] = resolve_target(target_name) if target_name else target
+        runs[key], row = _network(net, ruleset, row_target, trials, from_logs, work_root, key, log)
+        rows.append(row)
     threads = peer_module().threads_of(target)
     if "ort" in peers:
         runs["ort"], diff, weights = peer_module().ort_network(workload, threads, log)
@@ -98,6 +76,38 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         write_json(out_json, result)
         log(f"wrote {out_json}")
     return result
+
+
+def _network(workload, ruleset, target, trials, from_logs, work_root, label, log):
+    """(callable running the compiled network, its row) for one database of ``workload``:
+    tuned first unless ``from_logs``, checked bit-exactly against the workload's reference."""
+    import tvm
+
+    from tvm_ext.targets import target_key
+
+    work_dir = tuning.default_work_dir(workload.name, target, ruleset, work_root)
+    if not from_logs:
+        tuning.tune(workload, target, work_dir, trials, ruleset, log=log)
+    meta = tuning.read_meta(work_dir)  # a clear error when a committed database is missing
+    tuning.check_instructions(work_dir, target)  # not an LLVM abort on a host without VNNI/AMX
+    if meta["options"] != workload.options:
+        raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, not {workload.options}")
+    log(f"compiling {workload.name} with the {label} database ...")
+    vm = tuning.make_vm(tuning.compile_workload(workload, target, work_dir), target)
+    ok, summary = workload.check(tuning.run_workload(vm, workload, target))
+    log(f"{label}: {'exact match' if ok else 'MISMATCH'} with the NumPy reference ({summary})")
+    dev = tuning.device_for(target)
+    args = [tvm.runtime.tensor(x, dev) for x in workload.inputs]
+    summary = tuning.report(work_dir)
+    untuned = [t["name"] for t in summary["tasks"] if t["trials"] == 0]
+    if untuned:  # a database cut short: its e2e row is not a figure of the tuned path
+        log(f"{label}: {len(untuned)} of {len(summary['tasks'])} tasks have no record in "
+            f"{work_dir} and run untuned (resume with tvm-ext tune)")
+    row = {"ruleset": label, "exact_match": bool(ok), "work_dir": work_dir, "untuned_tasks": len(untuned),
+           "target": target_key(target), "tuned_for": meta["target"].get("mcpu"),
+           "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
+           "non_conv_estimate_ms": non_conv_ms(summary), "trials": tuned_trials(summary["tasks"])}
+    return (lambda: (vm["main"](*args), dev.sync())), row
 
 
 def non_conv_ms(summary) -> float | None:

@@ -40,6 +40,11 @@ def add_parser(sub) -> None:
     p.add_argument("--schedules", default=None,
                    help="phi2: comma-separated schedules to run (default all: dlight,metaschedule,seeded,rule); "
                         "dlight always runs")
+    p.add_argument("--beside", default=None, metavar="WORKLOAD[,WORKLOAD]",
+                   help="int8: also time these built-in workloads (same --batch/--image/--seed: the "
+                        "same network in another layout, e.g. resnet50-int8-nchwc beside "
+                        "resnet50-int8-amx) with their plugin databases in the same rounds, each "
+                        "checked against its own NumPy reference")
     p.add_argument("--layers", action="store_true",
                    help="int8: also time every conv task of the first rule set's database "
                         "against one ONNX Runtime QLinearConv of the same shape")
@@ -58,7 +63,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import os
 
-    from tvm_ext.cli.common import load_workload, parse_rulesets, resolve_target
+    from tvm_ext import workloads
+    from tvm_ext.cli.common import load_workload, parse_rulesets, resolve_target, workload_options
 
     check_workload_name(args.workload)
     if args.rounds is not None and args.rounds < 1:
@@ -67,6 +73,8 @@ def run(args) -> int:
     key = workload_key(args)
     out = args.out or os.path.join(args.logs_dir, f"bench-{key}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):
+        if args.beside:
+            raise ValueError("--beside is for the int8 networks")
         from tvm_ext.bench import phi2 as phi2_bench
         from tvm_ext.bench.phi2_peers import parse as parse_phi2_peers
 
@@ -90,12 +98,24 @@ def run(args) -> int:
     peers = parse_peers(args.peers)
     if args.trials is not None and args.trials < 1:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
+    beside = _beside(args)
     workload = load_workload(args)
+    beside = [workloads.get(name, **workload_options(args)) for name in beside]
     result = bench_int8.run(workload, target, rulesets, args.trials or 32, args.from_logs,
                             args.rounds or 20, out, log=log, work_root=args.logs_dir, peers=peers,
-                            layers=args.layers)
+                            layers=args.layers, beside=beside)
     print(format_int8(result))
-    return 0 if all(row["exact_match"] for row in result["rows"] if row["ruleset"] in rulesets) else 1
+    return 0 if all(row["exact_match"] for row in result["rows"] if row["ruleset"] not in peers) else 1
+
+
+def _beside(args) -> list[str]:
+    """The --beside workload names, checked before anything is built (one line for a bad one)."""
+    names = [n for n in (args.beside or "").split(",") if n]
+    for name in names:
+        check_workload_name(name)
+        if name.endswith(".onnx") or name.startswith("phi2") or args.workload.endswith(".onnx"):
+            raise ValueError(f"--beside takes the built-in int8 networks, not {name!r} beside {args.workload!r}")
+    return names
 
 
 def _trials_text(result: dict) -> str:
