@@ -30,13 +30,11 @@ fixed point's; through 53 layers the outputs drift apart (at 224: up to 28 steps
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from tvm import relax, te, tirx
 
 from . import qnn_float
 from .qnn import _pad_hw, _pads, _pair
-from .qnn_packed import Deferred, Packed, PackedEmitter, pack_input
+from .qnn_packed import Packed, PackedEmitter, pack_input
 from .qnn_vnni import K_BLOCK, OC_BLOCK, _out_hw, channel_block, pack_conv_weight
 
 AMX_BLOCK = 64  # channels per activation block: the 64 bytes of one tile row
@@ -91,38 +89,11 @@ class AMXEmitter(PackedEmitter):
     int32_rescale = True
 
     def __init__(self, fold_requantize: bool = False, float_epilogues: bool = False):
-        super().__init__()
+        super().__init__(float_epilogues)
         # on for resnet50-int8-amx only: in an imported ResNet-50 the folded add of a
         # projection block took the shortcut's conv into its fused function, and FuseOps left
         # the main conv alone, its int32 accumulator written out (4 such tasks)
         self.fold_requantize = fold_requantize
-        self.float_epilogues = float_epilogues
-
-    def _requantize(self, bb, acc: Packed, *consts, zp_out, lo=0, hi=255, left=0) -> Packed:
-        if not self.float_epilogues:
-            return super()._requantize(bb, acc, *consts, zp_out=zp_out, lo=lo, hi=hi, left=left)
-        offset, scale = (relax.const(acc.per_channel(c)) for c in qnn_float.requantize_consts(*consts, left))
-        out = bb.emit_te(qnn_float.requantize_f32, acc.var, offset, scale, zp_out=zp_out, lo=lo, hi=hi,
-                         channel_axes=acc.channel_axes, primfunc_name_hint="requantize")
-        return replace(acc, var=out)
-
-    def _add_requantize(self, bb, a, b: Packed, *consts, zp_a, zp_b, zp_out, lo=0, hi=255, **shifts) -> Packed:
-        if not self.float_epilogues:
-            return super()._add_requantize(bb, a, b, *consts, zp_a=zp_a, zp_b=zp_b, zp_out=zp_out, lo=lo, hi=hi,
-                                           **shifts)
-        acc = a.acc if isinstance(a, Deferred) else a
-        scales = [relax.const(acc.per_channel(c)) for c in qnn_float.add_consts(*consts, **shifts)]
-        attrs = {"zp_a": zp_a, "zp_b": zp_b, "zp_out": zp_out, "lo": lo, "hi": hi, "channel_axes": acc.channel_axes}
-        if isinstance(a, Deferred):  # its requantize computed here
-            offset, scale = (relax.const(acc.per_channel(c))
-                             for c in qnn_float.requantize_consts(*a.consts, a.attrs.get("left", 0)))
-            out = bb.emit_te(qnn_float.requantize_add_requantize_f32, acc.var, offset, scale, b.var, *scales,
-                             zp_req=a.attrs["zp_out"], lo_req=a.attrs.get("lo", 0), hi_req=a.attrs.get("hi", 255),
-                             **attrs, primfunc_name_hint="requantize_add_requantize")
-        else:
-            out = bb.emit_te(qnn_float.add_requantize_f32, a.var, b.var, *scales, **attrs,
-                             primfunc_name_hint="add_requantize")
-        return replace(acc, var=out)
 
     def input(self, bb, var) -> Packed:
         if str(var.ty.dtype) != "uint8":  # an imported model's float input: packed after its quantize

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tvm import relax, te, tirx
 
-from . import qnn
+from . import qnn, qnn_float
 from .qnn_vnni import (OC_BLOCK, channel_block, conv2d_nchwc_acc, dense_acc, depthwise_nchwc_acc, pack_conv_weight,
                        pack_dense_weight, pack_depthwise_weight, pairs_fit_int16)
 
@@ -124,8 +124,9 @@ class PackedEmitter:
     """Emits the steps of a QuantGraph on packed tensors (see the module doc). ``unfit``
     counts the convs and denses whose weights do not pass ``pairs_fit_int16`` (no AVX2 form)."""
 
-    def __init__(self):
+    def __init__(self, float_epilogues: bool = False):
         self.unfit = 0
+        self.float_epilogues = float_epilogues  # requantize and residual adds in float32 (qnn_float)
 
     def _fits(self, weight) -> bool:
         fits = pairs_fit_int16(weight)
@@ -195,6 +196,8 @@ class PackedEmitter:
         return Packed(acc, int(cout), OC_BLOCK)
 
     def _requantize(self, bb, acc: Packed, *consts, zp_out, **attrs) -> Packed:
+        if self.float_epilogues:
+            return self._requantize_f32(bb, acc, *consts, zp_out=zp_out, **attrs)
         consts = [relax.const(acc.per_channel(c)) for c in consts]
         out = bb.emit_te(qnn.requantize, acc.var, *consts, zp_out=zp_out, **attrs, channel_axes=acc.channel_axes,
                          primfunc_name_hint="requantize")
@@ -203,6 +206,8 @@ class PackedEmitter:
     int32_rescale = False  # residual adds' rescales in int32 lanes where exact (qnn._qmsa_int32)
 
     def _add_requantize(self, bb, a, b: Packed, *consts, **zps) -> Packed:
+        if self.float_epilogues:
+            return self._add_requantize_f32(bb, a, b, *consts, **zps)
         acc = a.acc if isinstance(a, Deferred) else a
         assert (acc.channels, acc.cb) == (b.channels, b.cb)
         mult_a, rshift_a, mult_b, rshift_b = consts
@@ -219,6 +224,27 @@ class PackedEmitter:
                              channel_axes=acc.channel_axes, primfunc_name_hint="requantize_add_requantize")
         else:
             out = bb.emit_te(qnn.add_requantize, a.var, b.var, *consts, **zps, channel_axes=a.channel_axes,
+                             primfunc_name_hint="add_requantize")
+        return replace(acc, var=out)
+
+    def _requantize_f32(self, bb, acc: Packed, *consts, zp_out, lo=0, hi=255, left=0) -> Packed:
+        offset, scale = (relax.const(acc.per_channel(c)) for c in qnn_float.requantize_consts(*consts, left))
+        out = bb.emit_te(qnn_float.requantize_f32, acc.var, offset, scale, zp_out=zp_out, lo=lo, hi=hi,
+                         channel_axes=acc.channel_axes, primfunc_name_hint="requantize")
+        return replace(acc, var=out)
+
+    def _add_requantize_f32(self, bb, a, b: Packed, *consts, zp_a, zp_b, zp_out, lo=0, hi=255, **shifts) -> Packed:
+        acc = a.acc if isinstance(a, Deferred) else a
+        scales = [relax.const(acc.per_channel(c)) for c in qnn_float.add_consts(*consts, **shifts)]
+        attrs = {"zp_a": zp_a, "zp_b": zp_b, "zp_out": zp_out, "lo": lo, "hi": hi, "channel_axes": acc.channel_axes}
+        if isinstance(a, Deferred):  # its requantize computed here
+            offset, scale = (relax.const(acc.per_channel(c))
+                             for c in qnn_float.requantize_consts(*a.consts, a.attrs.get("left", 0)))
+            out = bb.emit_te(qnn_float.requantize_add_requantize_f32, acc.var, offset, scale, b.var, *scales,
+                             zp_req=a.attrs["zp_out"], lo_req=a.attrs.get("lo", 0), hi_req=a.attrs.get("hi", 255),
+                             **attrs, primfunc_name_hint="requantize_add_requantize")
+        else:
+            out = bb.emit_te(qnn_float.add_requantize_f32, a.var, b.var, *scales, **attrs,
                              primfunc_name_hint="add_requantize")
         return replace(acc, var=out)
 
@@ -259,8 +285,9 @@ class PackedEmitter:
 
 
 def to_relax(graph: qnn.QuantGraph, fused: bool = True):
-    """``graph`` as a Relax module in the packed layouts (same ``main`` signature)."""
-    return graph.to_relax(fused=fused, emitter=PackedEmitter())
+    """``graph`` as a Relax module in the packed layouts (same ``main`` signature); a
+    ``qnn_float.FloatQuantGraph`` gets float32 epilogues."""
+    return graph.to_relax(fused=fused, emitter=PackedEmitter(isinstance(graph, qnn_float.FloatQuantGraph)))
 
 
 __all__ = ["Packed", "PackedEmitter", "pack_input", "to_relax"]

@@ -12,7 +12,7 @@ graph in the packed NCHW[x]c / OIHW[x]i16o4i layouts that the x86 VNNI rule tens
 """
 from __future__ import annotations
 
-from . import qnn_packed
+from . import qnn_float, qnn_packed
 from .base import Workload
 from .qnn import QuantGraph, Value, random_images
 
@@ -67,10 +67,12 @@ def build(batch: int = 1, image: int = 224, seed: int = 0) -> Workload:
 
 
 def build_nchwc(batch: int = 1, image: int = 224, seed: int = 0) -> Workload:
-    """The same network (graph, weights, reference) in the packed layouts the x86 VNNI
-    rule matches: NCHW16c activations (stem input NCHW4c, transformed inside the module),
-    OIHW[x]i16o4i weights packed at build time (see :mod:`.qnn_packed`)."""
+    """The same network (graph, weights) in the packed layouts the x86 VNNI rule matches:
+    NCHW16c activations (stem input NCHW4c, transformed inside the module), OIHW[x]i16o4i
+    weights packed at build time (see :mod:`.qnn_packed`), with float32 epilogues as
+    ``resnet50-int8-amx`` (``qnn_float``): its reference is the graph's float view."""
     g, inputs = network(batch, image, seed)
+    g = qnn_float.FloatQuantGraph.of(g)
     options = {"batch": batch, "image": image, "seed": seed}
     return Workload("resnet50-int8-nchwc", qnn_packed.to_relax(g), inputs, g, exact=True, options=options)
 
