@@ -16,7 +16,9 @@ parameters, hence the same NumPy reference, bit for bit -- in the layouts of
   per-channel constants reshaped to the packed channel axes (``(C/16, 16)``,
   ``(1, C/16, 1, 1, 16)``), so FuseOps + FuseTIR still fold each requantize (and a
   residual add) into its conv, and the output zero point still comes from a
-  constant-scalar block;
+  constant-scalar block; for a ``qnn_float.FloatQuantGraph`` (``resnet50-int8-nchwc``,
+  ``resnet50-int8-amx``) requantize and residual adds are ``qnn_float``'s float32 ops
+  instead, the same NumPy reference as that graph's;
 * global average pool reduces H and W of NCHW16c and is flattened to ``(N, C)`` in
   channel order; the classifier is the packed dense (weights ``(ceil(N/16), K/4, 16, 4)``):
   its 1000 classes are computed as 1008 (8 zero rows, so that the 16 VNNI lanes tile
