@@ -15,6 +15,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
+from tvm_ext.tune.builder import make_builder
 from tvm_ext.tune.database import best_record, records_of
 from tvm_ext.tune.runner import runner_seconds
 
@@ -49,6 +50,7 @@ def reuse_schedules(old_tasks, new_tasks, database, target, runner, builder=None
     if not picked:
         return 0
     log(f"measuring the old schedules of {len(picked)} changed tasks on their new TIR ...")
+    builder = builder if builder is not None else make_builder()  # one builder (a worker pool) for all
     committed = 0
     for name, (task, sch) in picked.items():
         try:

@@ -197,56 +197,46 @@ class PackedEmitter:
                          zp_x=zp_in, pairs_fit=self._fits(weight), primfunc_name_hint="conv2d_nchwc")
         return Packed(acc, int(cout), OC_BLOCK)
 
-    def _requantize(self, bb, acc: Packed, *consts, zp_out, **attrs) -> Packed:
-        if self.float_epilogues:
-            return self._requantize_f32(bb, acc, *consts, zp_out=zp_out, **attrs)
-        consts = [relax.const(acc.per_channel(c)) for c in consts]
-        out = bb.emit_te(qnn.requantize, acc.var, *consts, zp_out=zp_out, **attrs, channel_axes=acc.channel_axes,
-                         primfunc_name_hint="requantize")
+    def _requantize_form(self, consts, attrs):
+        """(TE op, constants, attributes) of a requantize step in this emitter's arithmetic:
+        the graph's fixed point, or with ``float_epilogues`` ``qnn_float``'s (its constants
+        derived from the fixed-point ones)."""
+        if not self.float_epilogues:
+            return qnn.requantize, consts, attrs
+        attrs = dict(attrs)
+        return qnn_float.requantize_f32, qnn_float.requantize_consts(*consts, attrs.pop("left", 0)), attrs
+
+    def _requantize(self, bb, acc: Packed, *consts, **attrs) -> Packed:
+        op, consts, attrs = self._requantize_form(consts, attrs)
+        out = bb.emit_te(op, acc.var, *(relax.const(acc.per_channel(c)) for c in consts), **attrs,
+                         channel_axes=acc.channel_axes, primfunc_name_hint="requantize")
         return replace(acc, var=out)
 
     int32_rescale = False  # residual adds' rescales in int32 lanes where exact (qnn._qmsa_int32)
 
     def _add_requantize(self, bb, a, b: Packed, *consts, **zps) -> Packed:
-        if self.float_epilogues:
-            return self._add_requantize_f32(bb, a, b, *consts, **zps)
         acc = a.acc if isinstance(a, Deferred) else a
         assert (acc.channels, acc.cb) == (b.channels, b.cb)
-        mult_a, rshift_a, mult_b, rshift_b = consts
-        frac = zps.get("frac_bits", 0)
-        if self.int32_rescale and qnn.int32_rescale_fits(mult_a, rshift_a, zps.get("lshift_a", 0) + frac) \
-                and qnn.int32_rescale_fits(mult_b, rshift_b, zps.get("lshift_b", 0) + frac):
-            zps = dict(zps, int32_rescale=True)
+        if self.float_epilogues:
+            shifts = {k: zps.pop(k) for k in ("lshift_a", "lshift_b", "frac_bits") if k in zps}
+            consts = qnn_float.add_consts(*consts, **shifts)
+            add, fused = qnn_float.add_requantize_f32, qnn_float.requantize_add_requantize_f32
+        else:
+            mult_a, rshift_a, mult_b, rshift_b = consts
+            frac = zps.get("frac_bits", 0)
+            if self.int32_rescale and qnn.int32_rescale_fits(mult_a, rshift_a, zps.get("lshift_a", 0) + frac) \
+                    and qnn.int32_rescale_fits(mult_b, rshift_b, zps.get("lshift_b", 0) + frac):
+                zps = dict(zps, int32_rescale=True)
+            add, fused = qnn.add_requantize, qnn.requantize_add_requantize
         consts = [relax.const(acc.per_channel(c)) for c in consts]
-        if isinstance(a, Deferred):  # the requantize computed here, in int32
-            req = [relax.const(acc.per_channel(c)) for c in a.consts]
-            attrs = {"zp_req": a.attrs["zp_out"], "lo_req": a.attrs.get("lo", 0), "hi_req": a.attrs.get("hi", 255),
-                     "left_req": a.attrs.get("left", 0)}
-            out = bb.emit_te(qnn.requantize_add_requantize, acc.var, *req, b.var, *consts, **attrs, **zps,
+        if isinstance(a, Deferred):  # the requantize computed here, kept in int32
+            _, req, req_attrs = self._requantize_form(a.consts, a.attrs)
+            req = [relax.const(acc.per_channel(c)) for c in req]
+            req_attrs = {("zp_req" if k == "zp_out" else f"{k}_req"): v for k, v in req_attrs.items()}
+            out = bb.emit_te(fused, acc.var, *req, b.var, *consts, **req_attrs, **zps,
                              channel_axes=acc.channel_axes, primfunc_name_hint="requantize_add_requantize")
         else:
-            out = bb.emit_te(qnn.add_requantize, a.var, b.var, *consts, **zps, channel_axes=a.channel_axes,
-                             primfunc_name_hint="add_requantize")
-        return replace(acc, var=out)
-
-    def _requantize_f32(self, bb, acc: Packed, *consts, zp_out, lo=0, hi=255, left=0) -> Packed:
-        offset, scale = (relax.const(acc.per_channel(c)) for c in qnn_float.requantize_consts(*consts, left))
-        out = bb.emit_te(qnn_float.requantize_f32, acc.var, offset, scale, zp_out=zp_out, lo=lo, hi=hi,
-                         channel_axes=acc.channel_axes, primfunc_name_hint="requantize")
-        return replace(acc, var=out)
-
-    def _add_requantize_f32(self, bb, a, b: Packed, *consts, zp_a, zp_b, zp_out, lo=0, hi=255, **shifts) -> Packed:
-        acc = a.acc if isinstance(a, Deferred) else a
-        scales = [relax.const(acc.per_channel(c)) for c in qnn_float.add_consts(*consts, **shifts)]
-        attrs = {"zp_a": zp_a, "zp_b": zp_b, "zp_out": zp_out, "lo": lo, "hi": hi, "channel_axes": acc.channel_axes}
-        if isinstance(a, Deferred):  # its requantize computed here
-            offset, scale = (relax.const(acc.per_channel(c))
-                             for c in qnn_float.requantize_consts(*a.consts, a.attrs.get("left", 0)))
-            out = bb.emit_te(qnn_float.requantize_add_requantize_f32, acc.var, offset, scale, b.var, *scales,
-                             zp_req=a.attrs["zp_out"], lo_req=a.attrs.get("lo", 0), hi_req=a.attrs.get("hi", 255),
-                             **attrs, primfunc_name_hint="requantize_add_requantize")
-        else:
-            out = bb.emit_te(qnn_float.add_requantize_f32, a.var, b.var, *scales, **attrs,
+            out = bb.emit_te(add, a.var, b.var, *consts, **zps, channel_axes=a.channel_axes,
                              primfunc_name_hint="add_requantize")
         return replace(acc, var=out)
 
