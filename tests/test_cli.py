@@ -54,6 +54,7 @@ def one_error_line(args, message):
     (["bench", "conv2d-int8", "--rulesets", "plugin,upstream@tpu"], "unknown target 'tpu'"),
     (["bench", "conv2d-int8", "--peers", "tensorrt"], "unknown peer 'tensorrt'"),
     (["bench", "conv2d-int8", "--beside", "nope"], "unknown workload 'nope'"),
+    (["prune", "/nonexistent-work-dir"], "/nonexistent-work-dir: no such directory"),
     (["bench", "conv2d-int8", "--beside", "phi2-decode"], "--beside takes the built-in int8 networks"),
     (["bench", "phi2-decode", "--beside", "conv2d-int8"], "--beside is for the int8 networks"),
     (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),

@@ -13,6 +13,8 @@ these modules:
 ``apply``     compile and run a workload with a database's schedules
 ``best``      the best schedules of a database for a user's own TIR module, compiled
 ``logs``      MetaSchedule's loggers, quiet and safe to create again (pytest >= 9.2)
+``transfer``  old schedules replayed on tasks whose TIR changed (``--reuse-schedules``)
+``prune``     drop the records of modules that are no longer a task of the work dir
 """
 from tvm_ext.tune.apply import (apply_database, compile_workload, device_for, kernels_of,
                                 make_vm, run_workload, scheduled_mod)
@@ -26,5 +28,6 @@ from tvm_ext.tune.database import (DB_FILES, META_FILE, DatabaseCorrupt, Databas
 from tvm_ext.tune.driver import (Task, add_tuning_seconds, extract_tasks, load_tasks, report,
                                  save_tasks, task_logger, tune, tune_task)
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
+from tvm_ext.tune.prune import prune
 from tvm_ext.tune.runner import make_runner
 from tvm_ext.tune.search import TuningInterrupted, search_strategy, stop_callback
