@@ -21,6 +21,7 @@ import pytest
 import tvm
 
 from tvm_ext.cli import main
+from tvm_ext.tune.packed import read_bytes
 
 SMALL = ["--image", "8", "--batch", "1"]
 
@@ -221,6 +222,30 @@ def test_bench_checks_exactness_and_writes_json(tuned, tmp_path):
     assert "ort" in again
 
 
+def test_bench_and_tune_write_into_the_work_root_and_save_copies_out(tuned, tmp_path, monkeypatch):
+    """A user's bench (tuning first) leaves tuning_logs/ alone: databases and JSON go to the
+    git-ignored tvm_ext_work/; 'tvm-ext save' is the step that copies a result into
+    tuning_logs/, compressed, and bench --from-logs reads it from there as it is."""
+    work_dir, tuned_result, _ = tuned
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("tuning_logs")
+    shutil.copytree(work_dir, os.path.join("tvm_ext_work", "conv2d-int8-llvm-plugin"))  # tuned before
+    cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--trials", "2", "--rounds", "1")
+    assert os.listdir("tuning_logs") == []
+    assert sorted(os.listdir("tvm_ext_work")) == ["bench-conv2d-int8-llvm.json", "conv2d-int8-llvm-plugin"]
+    _, _, err = cli("save", os.path.join("tvm_ext_work", "conv2d-int8-llvm-plugin"),
+                    os.path.join("tvm_ext_work", "bench-conv2d-int8-llvm.json"))
+    saved = os.path.join("tuning_logs", "conv2d-int8-llvm-plugin")
+    assert f"saved {os.path.join('tvm_ext_work', 'conv2d-int8-llvm-plugin')} as {saved}" in err
+    assert sorted(os.listdir("tuning_logs")) == ["bench-conv2d-int8-llvm.json", "conv2d-int8-llvm-plugin"]
+    assert "database_tuning_record.json.gz" in os.listdir(saved)
+    assert json.loads(cli("report", saved, "--json")[1])["tasks"] == tuned_result["tasks"]
+    out = tmp_path / "from-logs.json"
+    cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--from-logs", "--rounds", "1", "--out", str(out))
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["work_dir"] == saved and row["exact_match"] is True
+
+
 def test_bench_times_another_workload_beside(tuned, tmp_path):
     """--beside: another built-in network (here the same one, through its own row) compiled with
     its plugin database, checked against its own reference, timed in the same rounds."""
@@ -255,8 +280,8 @@ def test_bench_states_the_budget_a_database_was_tuned_to():
     # records per workload of a committed database, read as JSON lines (report() loads every
     # task through TVM: 20 s for this one)
     committed = Path(__file__).resolve().parents[1] / "tuning_logs"
-    lines = (committed / "onnx-resnet50-qdq-01b1b2e64a61-nchwc-llvm-plugin" / "database_tuning_record.json")
-    counts = Counter(json.loads(line)[0] for line in lines.read_text().splitlines() if line.strip())
+    lines = read_bytes(str(committed / "onnx-resnet50-qdq-01b1b2e64a61-nchwc-llvm-plugin" / "database_tuning_record.json"))
+    counts = Counter(json.loads(line)[0] for line in lines.splitlines() if line.strip())
     tasks = [{"trials": n} for n in counts.values()]
     assert len(tasks) == 41 and min(t["trials"] for t in tasks) == 3 and tuned_trials(tasks) == 64
     assert tuned_trials([{"trials": 0}] * 20 + [{"trials": 8}] * 13 + [{"trials": 1}]) == 8

@@ -19,6 +19,7 @@ import tvm
 
 from tvm_ext.cli.main import main
 from tvm_ext.tune import database as db
+from tvm_ext.tune import packed
 from tvm_ext.tune.driver import report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +28,9 @@ W, R = db.WORKLOADS, db.RECORDS
 
 
 def committed_databases():
-    return sorted(str(p.parent.relative_to(REPO)) for p in (REPO / "tuning_logs").rglob(W))
+    """Every database under tuning_logs/, saved (compressed) or plain."""
+    found = [*(REPO / "tuning_logs").rglob(W + packed.GZ), *(REPO / "tuning_logs").rglob(W)]
+    return sorted({str(p.parent.relative_to(REPO)) for p in found})
 
 
 def snapshot(work_dir) -> dict:
@@ -39,7 +42,8 @@ def snapshot(work_dir) -> dict:
 
 
 def lines_of(path) -> list:
-    return Path(path).read_bytes().splitlines(keepends=True)
+    """The lines of a database file, plain or saved (gzip-compressed)."""
+    return packed.read_bytes(str(path)).splitlines(keepends=True)
 
 
 def write_lines(path, lines) -> None:
@@ -55,8 +59,11 @@ def replace_in_line(path, number: int, old: bytes, new: bytes) -> None:
 
 @pytest.fixture
 def full(tmp_path):
-    """A copy of the committed database, 31 workloads and 992 records."""
-    return shutil.copytree(COMMITTED, tmp_path / "full")
+    """A copy of the committed database, 31 workloads and 992 records, unpacked (as a run
+    that appends to it leaves it)."""
+    copy = shutil.copytree(COMMITTED, tmp_path / "full")
+    packed.unpack(str(copy))
+    return copy
 
 
 @pytest.fixture
@@ -67,6 +74,7 @@ def small(tmp_path):
     work_dir.mkdir()
     shutil.copy(COMMITTED / db.META_FILE, work_dir)
     shutil.copytree(COMMITTED / "tasks", work_dir / "tasks")
+    packed.unpack(str(work_dir))
     write_lines(work_dir / W, lines_of(COMMITTED / W)[:3])
     write_lines(work_dir / R, lines_of(COMMITTED / R)[:40])
     assert {json.loads(line)[0] for line in lines_of(work_dir / R)} == {0, 1}

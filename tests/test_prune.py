@@ -1,38 +1,19 @@
 """tvm-ext prune: the records of modules that are no longer a task of the work dir go, every
 task keeps all of its records, the workload file stays byte for byte."""
-from types import SimpleNamespace
-
 import pytest
-import tvm
-from tvm import te
-from tvm.s_tir import meta_schedule as ms
+from toy_database import commit as _commit
+from toy_database import toy_mod as _mod
+from toy_database import toy_work_dir
 
 from tvm_ext.tune import database as D
 from tvm_ext.tune.driver import Task, save_tasks
 from tvm_ext.tune.prune import prune
 
-LLVM = tvm.target.Target("llvm")
-
-
-def _mod(body):
-    a = te.placeholder((64, 64), "int32", name="a")
-    out = te.compute((64, 64), lambda i, j: body(a[i, j]), name="T_out")
-    return tvm.IRModule({"main": te.create_prim_func([a, out])})
-
-
-def _commit(db, mod, secs):
-    sch = tvm.s_tir.Schedule(mod)
-    sch.parallel(sch.get_loops(sch.get_sblock("T_out"))[0])
-    db.commit_tuning_record(ms.database.TuningRecord(
-        sch.trace, db.commit_workload(mod), run_secs=[secs], target=LLVM,
-        args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
-
 
 def test_prune_keeps_the_tasks_records_only(tmp_path):
     work_dir = str(tmp_path / "wd")
     old, new, same = _mod(lambda x: x + 1), _mod(lambda x: x * 3), _mod(lambda x: x - 5)
-    meta = D.prepare_work_dir(work_dir, SimpleNamespace(name="toy", options={}), LLVM, "plugin")
-    save_tasks(work_dir, meta, [Task("k", 1, old), Task("s", 1, same)])
+    toy_work_dir(work_dir, {"k": old, "s": same})
     db = D.open_database(work_dir)
     for secs in (1e-3, 2e-3):
         _commit(db, old, secs)
@@ -53,8 +34,7 @@ def test_prune_keeps_the_tasks_records_only(tmp_path):
 def test_prune_refuses_a_database_a_killed_run_left(tmp_path):
     work_dir = str(tmp_path / "wd")
     mod = _mod(lambda x: x + 1)
-    meta = D.prepare_work_dir(work_dir, SimpleNamespace(name="toy", options={}), LLVM, "plugin")
-    save_tasks(work_dir, meta, [Task("k", 1, mod)])
+    toy_work_dir(work_dir, {"k": mod})
     _commit(D.open_database(work_dir), mod, 1e-3)
     with open(tmp_path / "wd" / D.RECORDS, "ab") as f:
         f.write(b'[0,[["partial')

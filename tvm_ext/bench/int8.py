@@ -14,7 +14,7 @@ from tvm_ext.jsonio import write_json
 
 
 def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds: int,
-        out_json: str | None, log=print, work_root: str = "tuning_logs", peers=(),
+        out_json: str | None, log=print, work_root: str | None = None, peers=(),
         layers: bool = False, beside=()) -> dict:
     """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict.
 
@@ -31,6 +31,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     from tvm_ext.targets import resolve_target
 
     runs, rows, targets = {}, [], {}
+    work_root = tuning.databases_root(from_logs, work_root)
     networks = [(workload, label, label) for label in rulesets]
     networks += [(other, "plugin", f"{other.name}:plugin") for other in beside]
     for net, label, key in networks:

@@ -5,17 +5,19 @@ Entry point for ``tvm-ext bench phi2-decode|phi2-prefill`` (wired by the CLI):
 
     run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         out_json=None, threads=None, log=print, config="full", context=512, tokens=128,
-        tuning_dir="tuning_logs", rounds=5, repeat=3, peers=None, schedules=None) -> dict
+        tuning_dir=None, rounds=5, repeat=3, peers=None, schedules=None) -> dict
 
 workload    "phi2-decode" or "phi2-prefill".
 target      "llvm", "cuda", a JSON dict / Target (resolved by tvm_ext.targets when present).
 trials      MetaSchedule trials *per kernel* for the "metaschedule" and "seeded" databases;
             None = DEFAULT_TRIALS[workload].  0 = do not tune (use what the logs hold).
 from_logs   do not tune; read tuning_logs/phi2-<kind>-<target>-<fused|unfused>/{metaschedule,seeded}.
+tuning_dir  where those databases are (default tuning_logs with from_logs, else tvm_ext_work,
+            git-ignored, where tuning writes; ``tvm-ext save`` copies a result into tuning_logs).
 build_only  build every kernel of every schedule, run nothing (the path for cuda without a GPU:
             nvcc compiles each kernel; metaschedule/seeded without cuda logs use a design-space
             sample / the dlight seed).  Returns {"built": n, "kernels": [...]}.
-out_json    where to write the JSON (default tuning_logs/bench-<workload>-<target kind>.json).
+out_json    where to write the JSON (default tvm_ext_work/bench-<workload>-<target kind>.json).
 threads     TVM (and peer) thread-pool size (default: all cores TVM sees).
 peers       ["ort", "torch"]: per projection, ORT MatMulNBits at accuracy_level 0 and 4 and
             torch bf16/fp32 linear on the same weights (``tvm_ext.bench.phi2_peers``).
@@ -65,7 +67,8 @@ from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, c
                                         sampled_schedule, seed_database, verify)
 from tvm_ext.bench.phi2_peers import make_peers
 from tvm_ext.targets import resolve_target
-from tvm_ext.tune.database import DB_FILES, open_database
+from tvm_ext.tune import packed
+from tvm_ext.tune.database import DB_FILES, WORK_ROOT, databases_root, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
 from tvm_ext.tune.runner import make_runner
 
@@ -101,7 +104,7 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         dl_secs = runner_seconds(scheduled["dlight"], target, runner, builder)
     for sched in tuned:
         path = log_dir(tuning_dir, kind, target, ks.fusion, sched)
-        if not tuning and not os.path.exists(os.path.join(path, DB_FILES[1])):
+        if not tuning and not packed.exists(os.path.join(path, DB_FILES[1])):
             # no database: the dlight seed, and for metaschedule a design-space sample when
             # only building (the kernel as it is when benching from logs)
             if sched == "seeded":
@@ -171,7 +174,7 @@ def available_schedules(gpu: bool = False) -> tuple:
 
 
 def run(workload, target="llvm", trials=None, from_logs=False, build_only=False, out_json=None,
-        threads=None, log=print, config="full", context=512, tokens=128, tuning_dir="tuning_logs",
+        threads=None, log=print, config="full", context=512, tokens=128, tuning_dir=None,
         rounds=5, repeat=3, peers=None, schedules=None, int8=False):
     """Run the bench (see the module docstring).  Returns the result dict."""
     if threads:
@@ -196,6 +199,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     if build_only and gpu:
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     kind = workload.replace("phi2-", "")
+    tuning_dir = databases_root(from_logs, tuning_dir)
     trials = DEFAULT_TRIALS.get(workload, 4) if trials is None else int(trials)
     dtype = "float16" if gpu else "float32"
     dev = None if build_only else (tvm.cuda(0) if gpu else tvm.cpu(0))
@@ -259,7 +263,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     result["fusion_losses"] = _fusion_losses(rows, schedules)
     result["targets"] = _targets(rows, peer_rows, schedules, result.get("int8", ()))
     if out_json is None:
-        out_json = os.path.join(tuning_dir, f"bench-{workload}-{target.kind.name}.json")
+        out_json = os.path.join(WORK_ROOT, f"bench-{workload}-{target.kind.name}.json")
     if out_json:
         os.makedirs(os.path.dirname(out_json) or ".", exist_ok=True)
         with open(out_json, "w") as f:

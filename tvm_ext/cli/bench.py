@@ -11,7 +11,8 @@ def add_parser(sub) -> None:
         description="int8 workloads: tune (or reuse with --from-logs) one database per rule set, "
                     "compile each network, check it bit-exactly against the NumPy reference and "
                     "time all of them interleaved in one process; writes "
-                    "tuning_logs/bench-<workload>-<target>.json. phi2-decode / phi2-prefill: "
+                    "tvm_ext_work/bench-<workload>-<target>.json (git-ignored, like the databases it "
+                    "tunes there; 'tvm-ext save' copies a result into tuning_logs/). phi2-decode / phi2-prefill: "
                     "fusion on/off x dlight / metaschedule / seeded (/ rule: the DequantGEMV rule "
                     "untuned) per kernel with the memory-bandwidth bound, timed with the weights "
                     "cycled through copies that exceed the last-level cache (DRAM figures; "
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--trials", type=int, default=None,
                    help="trials per task (int8 default 32) or per kernel (phi2)")
     p.add_argument("--from-logs", action="store_true",
-                   help="reuse the committed databases in tuning_logs/ instead of tuning")
+                   help="reuse saved databases (tuning_logs/, or --logs-dir) instead of tuning")
     p.add_argument("--peers", default=None,
                    help="int8: also time these runtimes on the same network in the same rounds; "
                         "'ort' = ONNX Runtime (needs the [bench] extra; on an .onnx model it runs that "
@@ -54,9 +55,10 @@ def add_parser(sub) -> None:
     p.add_argument("--build-only", action="store_true",
                    help="phi2: build every kernel of every schedule (nvcc for cuda), run nothing")
     p.add_argument("--config", default="full", help="phi2: full (real size) or reduced")
-    p.add_argument("--logs-dir", default="tuning_logs",
-                   help="where the per-rule-set databases live (default tuning_logs)")
-    p.add_argument("--out", default=None, help="JSON path (default tuning_logs/bench-<workload>-<target>.json)")
+    p.add_argument("--logs-dir", default=None,
+                   help="where the per-rule-set databases are read and tuned (default: tuning_logs "
+                        "with --from-logs, else tvm_ext_work)")
+    p.add_argument("--out", default=None, help="JSON path (default tvm_ext_work/bench-<workload>-<target>.json)")
     p.set_defaults(func=run)
 
 
@@ -64,6 +66,7 @@ def run(args) -> int:
     import os
 
     from tvm_ext import workloads
+    from tvm_ext.tune.database import WORK_ROOT
     from tvm_ext.cli.common import load_workload, parse_rulesets, resolve_target, workload_options
 
     check_workload_name(args.workload)
@@ -71,7 +74,7 @@ def run(args) -> int:
         raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
     target = resolve_target(args.target)
     key = workload_key(args)
-    out = args.out or os.path.join(args.logs_dir, f"bench-{key}-{target.kind.name}.json")
+    out = args.out or os.path.join(WORK_ROOT, f"bench-{key}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):
         if args.beside:
             raise ValueError("--beside is for the int8 networks")
@@ -83,6 +86,7 @@ def run(args) -> int:
         result = phi2_bench.run(args.workload, target=target, trials=args.trials,
                                 from_logs=args.from_logs, build_only=args.build_only, out_json=out,
                                 log=log, config=args.config, peers=peers, schedules=schedules, int8=args.int8,
+                                tuning_dir=args.logs_dir,
                                 **({} if args.rounds is None else {"rounds": args.rounds}))
         from tvm_ext.cli.phi2_table import format_table
 

@@ -8,8 +8,7 @@ import sys
 
 from tvm_ext.cli.common import add_workload_args, check_workload_name, count, log, workload_key
 
-WORK_ROOT = "tvm_ext_work"  # git-ignored; tuning_logs/ holds the committed databases
-COMMITTED_ROOT = "tuning_logs"
+from tvm_ext.tune.database import SAVED_ROOT as COMMITTED_ROOT, WORK_ROOT
 
 
 def add_parser(sub) -> None:

@@ -10,7 +10,9 @@ rewritten or deleted. The one thing a killed tuning run can leave -- an incomple
 line of the records file, or a last line whose newline was not written yet -- is repaired
 by ``repair_database``, which only ``tune`` calls. A line of the workload file is never
 deleted: records refer to workloads by line number. Read commands open a snapshot
-(``open_database(work_dir, read_only=True)``) and never write to the work dir.
+(``open_database(work_dir, read_only=True)``) and never write to the work dir. A saved
+database (``tuning_logs/``) holds its files gzip-compressed (``tvm_ext.tune.packed``): read
+as they are, unpacked before a run appends to them.
 """
 from __future__ import annotations
 
@@ -27,11 +29,14 @@ from tvm.s_tir import meta_schedule as ms
 
 from tvm_ext.jsonio import write_json
 from tvm_ext.rulesets import check_ruleset
+from tvm_ext.tune import packed
 from tvm_ext.targets import has_amx, has_avx2, target_key, target_mismatch, target_to_json, vnni_kinds
 
 META_FILE = "tvm_ext.json"
 WORKLOADS, RECORDS = "database_workload.json", "database_tuning_record.json"
 DB_FILES = (WORKLOADS, RECORDS)
+WORK_ROOT = "tvm_ext_work"  # git-ignored: where tune and bench write
+SAVED_ROOT = "tuning_logs"  # the project's saved databases: written only by ``tvm-ext save``
 
 
 class DatabaseMismatch(ValueError):
@@ -58,8 +63,14 @@ class DatabaseState:
     missing_newline: list = field(default_factory=list)  # files whose good last line lacks "\n"
 
 
-def default_work_dir(workload: str, target, ruleset: str, root: str = "tuning_logs") -> str:
+def default_work_dir(workload: str, target, ruleset: str, root: str = WORK_ROOT) -> str:
     return os.path.join(root, f"{workload}-{target_key(target)}-{ruleset}")
+
+
+def databases_root(from_logs: bool, root: str | None = None) -> str:
+    """Where a bench finds its databases: ``root`` if given, else the saved ones when it only
+    reads (``--from-logs``), else the git-ignored work root it tunes into."""
+    return root or (SAVED_ROOT if from_logs else WORK_ROOT)
 
 
 def _env_error(action: str, path: str, err: OSError) -> WorkDirError:
@@ -104,6 +115,9 @@ def prepare_work_dir(work_dir: str, workload, target, ruleset: str, log=print) -
         if warning:
             log(f"warning: {work_dir}: {warning}")
         check_writable(work_dir)
+        if _unpack(work_dir):
+            log(f"note: {work_dir} was a saved (compressed) database; unpacked to add records to it "
+                f"(tvm-ext save packs a work dir again)")
         repair_database(work_dir, log)
         return meta
     meta = dict(wanted, tasks=[], created=time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -163,11 +177,18 @@ def write_meta(work_dir: str, meta: dict) -> None:
 
 
 def _read_bytes(path: str) -> bytes:
+    """``path``'s bytes, or its saved ``.gz``'s decompressed; WorkDirError naming it otherwise."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return packed.read_bytes(path)
     except OSError as err:
         raise _env_error("read", path, err) from None
+
+
+def _unpack(work_dir: str) -> int:
+    try:
+        return packed.unpack(work_dir)
+    except OSError as err:
+        raise _env_error("unpack the saved database", work_dir, err) from None
 
 
 RESTORE = "nothing was changed; restore the file from a backup or version control"
@@ -212,7 +233,7 @@ def _check(work_dir: str) -> tuple[DatabaseState, dict]:
     partial_workload = None  # 1-based line of an incomplete last workload line
     for name in DB_FILES:
         path = os.path.join(work_dir, name)
-        if not os.path.exists(path):
+        if not packed.exists(path):
             state.valid_bytes[name], contents[name] = 0, None
             continue
         data = contents[name] = _read_bytes(path)
@@ -262,7 +283,9 @@ def _check(work_dir: str) -> tuple[DatabaseState, dict]:
 def repair_database(work_dir: str, log=print) -> int:
     """For ``tune`` only: finish what a killed run left. An incomplete last record line (the
     record was never committed) is cut off, a missing final newline is added; any other
-    damage raises DatabaseCorrupt and nothing is written. Returns the lines dropped (0 or 1)."""
+    damage raises DatabaseCorrupt and nothing is written. Returns the lines dropped (0 or 1).
+    A saved (compressed) database is unpacked first: records are appended to plain files."""
+    _unpack(work_dir)
     state = check_database(work_dir)
     try:
         if state.partial_tail is not None:
@@ -335,8 +358,10 @@ def open_database(work_dir: str, read_only: bool = False) -> ms.database.JSONDat
     ``read_only=True`` (report, bench from logs): never writes to the work dir. The checked
     lines are loaded from a private snapshot, so a run appending at the same time or an
     incomplete last record line is no obstacle; committing to it does not reach the work dir.
-    Otherwise (tuning): missing files are created, and an incomplete last record line is
-    refused -- ``tune`` repairs it before opening."""
+    Otherwise (tuning): a saved database is unpacked, missing files are created, and an
+    incomplete last record line is refused -- ``tune`` repairs it before opening."""
+    if not read_only:
+        _unpack(work_dir)
     state, contents = _check(work_dir)
     paths = [os.path.join(work_dir, name) for name in DB_FILES]
     if not read_only:

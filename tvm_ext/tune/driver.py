@@ -14,6 +14,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from tvm_ext.rulesets import default_postprocs, space
+from tvm_ext.tune import packed
 from tvm_ext.tune.apply import kernels_of
 from tvm_ext.tune.builder import make_builder
 from tvm_ext.tune.logs import loggers_for
@@ -70,9 +71,9 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
 
 def load_tasks(work_dir: str, meta: dict) -> list[Task]:
     tasks = []
-    for entry in meta["tasks"]:
-        with open(os.path.join(work_dir, entry["file"]), encoding="utf-8") as f:
-            tasks.append(Task(entry["name"], entry["weight"], tvm.ir.load_json(f.read())))
+    for entry in meta["tasks"]:  # plain, or gzip-compressed in a saved database
+        text = packed.read_bytes(os.path.join(work_dir, entry["file"])).decode("utf-8")
+        tasks.append(Task(entry["name"], entry["weight"], tvm.ir.load_json(text)))
     return tasks
 
 

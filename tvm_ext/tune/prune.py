@@ -7,6 +7,7 @@ Pruning keeps the records of the work dir's stored tasks and drops the rest. The
 is left as it is (record lines name their workload by its line number there); the records file
 is rewritten beside itself, checked -- every task keeps every record it had -- and moved into
 place in one rename, so an interruption leaves the old file or the new one, never a mix.
+A saved (compressed) database is unpacked for this and packed again after.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import os
 
 import tvm_ffi
 
-from tvm_ext.tune.database import (RECORDS, WORKLOADS, _env_error, _load, check_database, check_writable, read_meta,
-                                   records_of)
+from tvm_ext.tune import packed
+from tvm_ext.tune.database import (RECORDS, WORKLOADS, _env_error, _load, _unpack, check_database, check_writable,
+                                   read_meta, records_of)
 from tvm_ext.tune.driver import load_tasks
 
 
@@ -29,6 +31,18 @@ def prune(work_dir: str, log=print) -> tuple[int, int]:
     if state.partial_tail is not None or state.missing_newline:
         raise ValueError(f"{work_dir}: a run left its last line incomplete; run 'tvm-ext tune' with the "
                          "same arguments (it repairs the database) before pruning")
+    was_packed = packed.is_packed(work_dir)
+    _unpack(work_dir)
+    try:
+        kept, dropped = _prune(work_dir, meta)
+    finally:
+        if was_packed:
+            packed.pack(work_dir)
+    log(f"{work_dir}: kept {kept} records of its {len(meta['tasks'])} tasks, dropped {dropped}")
+    return kept, dropped
+
+
+def _prune(work_dir: str, meta: dict) -> tuple[int, int]:
     mods = [task.mod for task in load_tasks(work_dir, meta)]
     paths = {name: os.path.join(work_dir, name) for name in (WORKLOADS, RECORDS)}
     wanted = {str(tvm_ffi.structural_hash(mod)) for mod in mods}
@@ -52,7 +66,6 @@ def prune(work_dir: str, log=print) -> tuple[int, int]:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    log(f"{work_dir}: kept {len(kept)} records of its {len(mods)} tasks, dropped {len(lines) - len(kept)}")
     return len(kept), len(lines) - len(kept)
 
 

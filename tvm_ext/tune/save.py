@@ -1,0 +1,100 @@
+"""Save a result into the project's ``tuning_logs/`` (``tvm-ext save``): the one step that writes there.
+
+``tune`` and ``bench`` work in git-ignored work dirs (``tvm_ext_work/``); a result worth keeping
+is saved on purpose. A tuning work dir is copied, checked (a database a killed run left
+half-written is refused in one line), pruned of the records of modules that are no longer its
+tasks (``prune``) and compressed (``packed``); a directory of bare kernel databases (the Phi-2
+bench's ``phi2-<kind>-<target>-<fused|unfused>/``) is copied, checked and compressed; a bench
+JSON is copied. The copy is built beside its destination and renamed into place, so an
+interruption leaves the old saved result or the new one; MetaSchedule's text logs stay behind.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+from tvm_ext.tune import packed
+from tvm_ext.tune.database import (DB_FILES, META_FILE, SAVED_ROOT, DatabaseMismatch, _env_error, check_database,
+                                   read_meta)
+from tvm_ext.tune.prune import prune
+
+SKIP = shutil.ignore_patterns("logs", "*-work", "*.tmp", "*.new")
+
+
+def _database_dirs(root: str) -> list[str]:
+    """Every directory under ``root`` (itself included) that holds a database file."""
+    found = []
+    for here, dirs, _ in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "logs" and not d.endswith("-work")]
+        if any(packed.exists(os.path.join(here, name)) for name in DB_FILES):
+            found.append(here)
+    return sorted(found)
+
+
+def _check_complete(directory: str, shown: str) -> None:
+    state = check_database(directory)
+    if state.partial_tail is not None or state.missing_newline:
+        raise DatabaseMismatch(f"{shown}: a run left its last line incomplete (killed, or still running?); "
+                               "resume it with the same tune/bench command, then save")
+
+
+def save(source: str, root: str = SAVED_ROOT, log=print) -> str:
+    """Save ``source`` (a work dir, a directory of kernel databases or a bench JSON) as
+    ``root/<its name>``, replacing an older save of the same name; returns that path."""
+    source = os.path.normpath(source)
+    if not os.path.exists(source):
+        raise DatabaseMismatch(f"{source}: no such file or directory")
+    dest = os.path.join(root, os.path.basename(source))
+    try:
+        os.makedirs(root, exist_ok=True)
+        if os.path.isfile(source):
+            if not source.endswith(".json"):
+                raise DatabaseMismatch(f"{source}: save takes a work dir, a directory of databases or a bench JSON")
+            if os.path.abspath(source) != os.path.abspath(dest):
+                shutil.copyfile(source, dest + ".tmp")
+                os.replace(dest + ".tmp", dest)
+            log(f"saved {source} as {dest}")
+            return dest
+        return _save_dir(source, dest, log)
+    except OSError as err:
+        raise _env_error("save into", dest, err) from None
+
+
+def _save_dir(source: str, dest: str, log) -> str:
+    is_work_dir = os.path.isfile(os.path.join(source, META_FILE))
+    if is_work_dir:
+        read_meta(source)  # one line for a corrupt tvm_ext.json
+    databases = _database_dirs(source)
+    if not databases:
+        raise DatabaseMismatch(f"{source} holds no tuning database (no {DB_FILES[0]})")
+    for directory in databases:  # refuse before copying anything
+        _check_complete(directory, directory)
+    staging = dest.rstrip("/\\") + ".new"
+    if os.path.isdir(staging):  # left by a save that was killed
+        shutil.rmtree(staging)
+    shutil.copytree(source, staging, ignore=SKIP)
+    try:
+        if is_work_dir:
+            prune(staging, log=lambda line: log(line.replace(staging, dest)))
+        count = sum(packed.pack(directory) for directory in _database_dirs(staging))
+        _replace(staging, dest)
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging)
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(dest) for f in files)
+    log(f"saved {source} as {dest} ({count} files compressed, {size / 2**20:.2f} MiB)")
+    return dest
+
+
+def _replace(staging: str, dest: str) -> None:
+    """Move ``staging`` to ``dest``; an older ``dest`` is moved aside first and removed after."""
+    old = None
+    if os.path.exists(dest):
+        old = dest.rstrip("/\\") + f".old-{os.getpid()}"
+        os.replace(dest, old)
+    os.replace(staging, dest)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+__all__ = ["save"]
