@@ -1,8 +1,9 @@
 """Saved databases (gzip-compressed, tvm_ext.tune.packed) and ``tvm-ext save``: read as they
 are everywhere, nothing lost, reproducible bytes, unpacked before a run appends, a damaged
-file refused in one line."""
+file refused in one line; and the tracked tree stays small enough to travel."""
 import gzip
 import os
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -142,3 +143,28 @@ def test_save_packs_a_directory_of_kernel_databases_and_copies_a_bench_json(tmp_
         + ["bench-phi2-decode-llvm.json"])
     db = D.open_database(str(logs / "phi2-decode-llvm-fused" / "seeded"), read_only=True)
     assert len(db.get_all_tuning_records()) == 1
+
+
+def _tracked_sizes():
+    try:
+        names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: no tracked files to measure")
+    paths = [n for n in names.decode().split("\0") if n]
+    return {p: os.path.getsize(REPO / p) for p in paths if (REPO / p).is_file()}
+
+
+def test_tracked_tree_fits_the_budget():
+    """A GPU lease carries at most 64 MiB per call; the tree keeps 48 MiB of it for TVM's runtime,
+    built kernels and inputs (tuning_logs/README.md, 'Saved databases')."""
+    sizes = _tracked_sizes()
+    total = sum(sizes.values())
+    largest = ", ".join(f"{p} {n / 2**20:.2f} MiB" for p, n in sorted(sizes.items(), key=lambda x: -x[1])[:5])
+    assert total <= 16 * 2**20, f"tracked files {total / 2**20:.1f} MiB > 16 MiB; largest: {largest}"
+
+
+def test_saved_databases_are_compressed():
+    """A database file saved plain (copied by hand instead of 'tvm-ext save') is 10-20x larger."""
+    plain = [p for p in _tracked_sizes() if p.startswith("tuning_logs/")
+             and any(Path(p).match(pattern) for pattern in ("*/database_*.json", "*/tasks/*.json"))]
+    assert not plain, f"save these with 'tvm-ext save' (compressed): {plain[:5]}"
