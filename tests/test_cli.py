@@ -126,13 +126,33 @@ def test_rerun_resumes_without_new_trials(tuned):
     assert again["tuning_s"] == result["tuning_s"]  # kept, nothing added
 
 
-def test_database_for_another_workload_is_refused(tuned):
+def test_database_for_another_workload_is_refused(tuned, monkeypatch):
     work_dir, _, _ = tuned
     code, _, err = cli("tune", "conv2d-int8", "--image", "10", "--work-dir", work_dir, check=False)
     assert code == 2 and "was made for options" in err
+    monkeypatch.setattr("tvm_ext.cli.tune.check_device", lambda *a, **k: None)  # as on a GPU machine
     code, _, err = cli("tune", "conv2d-int8", *SMALL, "--target", "cuda-sm80", "--work-dir", work_dir,
                        check=False)
     assert code == 2 and "target kind" in err
+
+
+@pytest.mark.skipif(tvm.cuda(0).exist, reason="this machine has a GPU")
+@pytest.mark.parametrize("args, ways", [
+    (["tune", "conv2d-int8", "--target", "cuda"], "--build-only (compile every candidate with nvcc, run nothing) "
+                                                  "or --rpc-tracker HOST:PORT"),
+    (["bench", "conv2d-int8", "--target", "cuda-sm90", "--from-logs"], "--build-only"),
+])
+def test_cuda_without_a_gpu_is_refused_at_once(args, ways, tmp_path, monkeypatch):
+    """Not minutes of tuning whose every candidate fails to load (issue 37)."""
+    monkeypatch.chdir(tmp_path)
+    one_error_line(args, f"for cuda needs a GPU, and this machine has none; use {ways}")
+    assert os.listdir(tmp_path) == []  # refused before anything was written
+
+
+@pytest.mark.parametrize("mcpu, hint", [("bogus", "unknown mcpu 'bogus'"), ("znver", "did you mean znver5, znver4")])
+def test_unknown_mcpu_is_refused(mcpu, hint):
+    """LLVM only logs an error and compiles for a generic CPU: a typo would cost a whole run (issue 37)."""
+    one_error_line(["tune", "conv2d-int8", "--target", json.dumps({"kind": "llvm", "mcpu": mcpu})], hint)
 
 
 def test_partial_write_is_repaired(tuned, tmp_path):

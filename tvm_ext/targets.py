@@ -312,12 +312,32 @@ def _from_dict(cfg: dict, text: str) -> Target:
     if cfg["kind"] == "llvm" and "num-cores" not in cfg:
         # MetaSchedule refuses an llvm target without it; default to this machine's cores
         cfg = {**cfg, "num-cores": physical_cores()}
+    if cfg["kind"] == "llvm" and isinstance(cfg.get("mcpu"), str):
+        _check_mcpu(cfg)
     try:
         return Target(cfg)
     except Exception as err:  # pylint: disable=broad-except
         first = str(err).strip().splitlines()
         msg = next((ln for ln in first if "Unknown" in ln or "rror" in ln), first[0] if first else "")
         raise ValueError(f"invalid target {_short(text)}: {_short(msg, 200)}") from None
+
+
+def _check_mcpu(cfg: dict) -> None:
+    """ValueError for an ``mcpu`` LLVM does not know: LLVM only logs an error and compiles for a
+    generic CPU, so a typo would cost a whole tuning run tuned for the wrong machine."""
+    import difflib
+
+    from tvm.target import codegen
+
+    if not hasattr(codegen, "llvm_get_cpu_archlist"):
+        return
+    base = {k: v for k, v in cfg.items() if k in ("kind", "mtriple")}
+    known = [str(c) for c in codegen.llvm_get_cpu_archlist(Target(base))]
+    if known and cfg["mcpu"] not in known:
+        close = difflib.get_close_matches(cfg["mcpu"], known, n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ValueError(f"unknown mcpu {cfg['mcpu']!r} for this LLVM ({len(known)} CPUs known); {hint}"
+                         f"'tvm-ext targets' shows this host's")
 
 
 def target_key(target: TargetSpec) -> str:

@@ -1,7 +1,7 @@
 """``tvm-ext bench``: compare rule sets (int8) or schedules and fusion (Phi-2) in one run."""
 from __future__ import annotations
 
-from tvm_ext.cli.common import add_workload_args, check_workload_name, log, workload_key
+from tvm_ext.cli.common import add_workload_args, check_device, check_workload_name, log, workload_key
 from tvm_ext.cli.table import render
 
 
@@ -73,6 +73,8 @@ def run(args) -> int:
     if args.rounds is not None and args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, not {args.rounds}")
     target = resolve_target(args.target)
+    if not args.build_only:
+        check_device(target, "timing", remote_ok=False)
     key = workload_key(args)
     out = args.out or os.path.join(WORK_ROOT, f"bench-{key}-{target.kind.name}.json")
     if args.workload.startswith("phi2"):

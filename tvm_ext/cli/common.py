@@ -22,6 +22,20 @@ def count(text: str) -> int:
     return value
 
 
+def check_device(target, what: str, remote_ok: bool = True) -> None:
+    """ValueError (one line, before any work) when ``target`` needs a GPU this machine lacks:
+    every candidate would fail to load, one task after another, for minutes."""
+    import tvm
+
+    if target.kind.name != "cuda" or tvm.cuda(0).exist:
+        return
+    ways = "--build-only (compile every candidate with nvcc, run nothing)" if remote_ok else \
+        "--build-only (phi2-decode/phi2-prefill: compile every kernel with nvcc)"
+    if remote_ok:
+        ways += " or --rpc-tracker HOST:PORT --rpc-key KEY (measure on a GPU machine)"
+    raise ValueError(f"{what} for cuda needs a GPU, and this machine has none; use {ways}")
+
+
 def log(message: str) -> None:
     """Progress lines go to stderr so that --json output stays clean."""
     print(message, file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from tvm_ext.cli.common import add_workload_args, check_workload_name, count, log, workload_key
+from tvm_ext.cli.common import add_workload_args, check_device, check_workload_name, count, log, workload_key
 
 from tvm_ext.tune.database import SAVED_ROOT as COMMITTED_ROOT, WORK_ROOT
 
@@ -69,6 +69,8 @@ def run(args) -> int:
     target = resolve_target(args.target)
     if args.build_only:
         return run_build_only(args, target)
+    if args.rpc_tracker is None:
+        check_device(target, "tuning")
     runner = tuning.make_runner(args.rpc_tracker, args.rpc_key)
     work_dir = args.work_dir or tuning.default_work_dir(workload_key(args), target, args.ruleset, root=WORK_ROOT)
     fresh = not _nonempty(work_dir)
