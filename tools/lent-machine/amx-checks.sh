@@ -1,6 +1,6 @@
 #!/bin/bash
-# Call 1 (carry .lent): the host's int8 flags, tvm-ext targets, and the AMX / VNNI tests that skip
-# on hosts without them (the 3 deselected ones tune, which needs xgboost from .lent2).
+# Call 2 (carry .lent2, after call 1 staged .lent: see README): the host's int8 flags, tvm-ext targets, and the AMX / VNNI tests that skip
+# on hosts without them (the 3 deselected ones tune).
 set -u
 exec > >(tee -a "$OUT/checks.log") 2>&1
 date; nproc; grep -m1 'model name' /proc/cpuinfo; uname -r

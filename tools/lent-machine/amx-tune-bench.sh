@@ -1,5 +1,5 @@
 #!/bin/bash
-# Call 2 (carry .lent2; within 30 s of call 1, while the machine is warm): tune resnet50-int8-amx for
+# Call 3 (no carry: TVM is unpacked in /tmp; within 30 s of call 2, while the machine is warm): tune resnet50-int8-amx for
 # TUNE_S seconds (SIGINT: the database stays valid and resumes), bench it against ORT per layer, then
 # the VNNI network from its committed database; everything within LIMIT seconds.
 set -u
@@ -8,7 +8,8 @@ left() { echo $(( LIMIT - 15 - ($(date +%s) - T0) )); }
 exec > >(tee -a "$OUT/tune-bench.log") 2>&1
 source tools/lent-machine/setup.sh
 python3 -c "import tvm, tvm_ext, xgboost" || { echo "no TVM or xgboost here (a cold machine?)"; exit 3; }
-tar xzf .lent2/nchwc-db.tgz
+# the saved database travels compressed; tune unpacks it in place (in this copy of the tree): unpack
+# amx-db.tgz here and 'tvm-ext save' the directory to keep its new records
 W=tuning_logs/resnet50-int8-amx-emeraldrapids16-llvm-plugin
 timeout -s INT -k 20 "$TUNE_S" tvm-ext tune resnet50-int8-amx --trials "${TRIALS:-8}" --work-dir $W
 echo "tune rc=$? at $(( $(date +%s) - T0 )) s"
