@@ -8,7 +8,7 @@ setup(
     python_requires=">=3.9",
     packages=["tvm_ext", "tvm_ext.intrinsics", "tvm_ext.tune", "tvm_ext.workloads", "tvm_ext.bench",
               "tvm_ext.check", "tvm_ext.cli", "tvm_ext.testing", "tvm_ext.rules", "tvm_ext.postprocs",
-              "tvm_ext.frontend"],
+              "tvm_ext.frontend", "tvm_ext.cluster"],
     package_dir={
         "tvm_ext": "tvm_ext",
         "tvm_ext.rules": "rules",
@@ -29,9 +29,13 @@ setup(
         "tornado",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17",
+                 # the cluster tests start a real Dask scheduler and workers on loopback
+                 "dask[distributed]", "cryptography"],
         # ONNX Runtime as the peer of the int8 benchmarks (issue: int8 on CPU vs ORT)
         "bench": ["onnx>=1.16", "onnxruntime>=1.17"],
+        # tvm-ext tune --cluster: tasks tuned on a Dask-distributed cluster over mutual TLS
+        "cluster": ["dask[distributed]", "cryptography"],
     },
     entry_points={
         "console_scripts": ["tvm-ext=tvm_ext.cli:main"],

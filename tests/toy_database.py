@@ -33,3 +33,20 @@ def toy_work_dir(work_dir: str, tasks: dict) -> dict:
     meta = D.prepare_work_dir(work_dir, SimpleNamespace(name="toy", options={}), LLVM, "plugin")
     save_tasks(work_dir, meta, [Task(name, 1, mod) for name, mod in tasks.items()])
     return D.read_meta(work_dir)
+
+
+def tiny_workload():
+    """A Relax workload of three small tasks (matmul, matmul with the second operand transposed,
+    row sum; 32x32 float32) that tune in about a second per trial, each with a design space of
+    many distinct candidates (an element-wise task may offer one): for tests of the drivers."""
+    from tvm import relax, topi
+
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((32, 32), "float32"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            m = bb.emit_te(lambda x: topi.nn.matmul(x, x), a, primfunc_name_hint="mm")
+            r = bb.emit_te(lambda x: topi.nn.matmul(x, x, transpose_b=True), m, primfunc_name_hint="mmt")
+            out = bb.emit_output(bb.emit_te(lambda x: topi.sum(x, axis=1), r, primfunc_name_hint="rowsum"))
+        bb.emit_func_output(out)
+    return SimpleNamespace(name="tiny", options={}, mod=bb.get())

@@ -37,9 +37,13 @@ def format_report(result: dict) -> str:
 
     rows = [[t["name"], t["weight"], t["trials"], _fixed(t["best_us"], 1), t["kernels"], _fixed(t.get("tuning_s"), 0)]
             for t in result["tasks"]]
+    header = ["task", "weight", "trials", "best us", "kernels", "tuning s"]
+    if any("node" in t for t in result["tasks"]):  # tuned on a cluster: which node tuned each task
+        header.append("node")
+        rows = [row + [t.get("node")] for row, t in zip(rows, result["tasks"])]
     e2e = result["e2e_us"]
     lines = [f"{result['workload']} {result['options']}  target {result['target']}  ruleset {result['ruleset']}",
-             render(["task", "weight", "trials", "best us", "kernels", "tuning s"], rows),
+             render(header, rows),
              f"weighted end-to-end estimate: {'-' if e2e is None else f'{e2e / 1000:.3f} ms'}"
              + ("" if e2e is not None else " (some task has no valid measurement)")]
     if result.get("tuning_s"):

@@ -33,6 +33,12 @@ def add_parser(sub) -> None:
     p.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
                    help="measure through TVM's RPC tracker instead of locally")
     p.add_argument("--rpc-key", default=None, help="device key registered at the RPC tracker")
+    p.add_argument("--cluster", default=None, metavar="tls://HOST:PORT",
+                   help="tune the tasks on a Dask cluster (whole tasks per node, one database here; needs the "
+                        "[cluster] extra and --cluster-credentials; see 'tvm-ext cluster --help')")
+    p.add_argument("--cluster-credentials", default=os.environ.get("TVM_EXT_CLUSTER_CREDENTIALS"), metavar="DIR",
+                   help="the cluster's TLS credentials ('tvm-ext cluster credentials DIR'; default "
+                        "$TVM_EXT_CLUSTER_CREDENTIALS)")
     p.add_argument("--build-only", action="store_true",
                    help="no device needed: generate, postprocess and compile candidates (nvcc for "
                         "cuda) and report kernels of the best-by-cost-model candidate per task")
@@ -69,9 +75,17 @@ def run(args) -> int:
     target = resolve_target(args.target)
     if args.build_only:
         return run_build_only(args, target)
-    if args.rpc_tracker is None:
+    client = None
+    if args.cluster and args.reuse_schedules:
+        raise ValueError("--reuse-schedules runs on this machine: use it without --cluster first, then resume on "
+                         "the cluster")
+    if args.cluster:
+        from tvm_ext.cli.cluster import connect
+
+        client = connect(args.cluster, args.cluster_credentials)  # one line when it cannot
+    elif args.rpc_tracker is None:
         check_device(target, "tuning")
-    runner = tuning.make_runner(args.rpc_tracker, args.rpc_key)
+    runner = None if client else tuning.make_runner(args.rpc_tracker, args.rpc_key)
     work_dir = args.work_dir or tuning.default_work_dir(workload_key(args), target, args.ruleset, root=WORK_ROOT)
     fresh = not _nonempty(work_dir)
     if not fresh:
@@ -84,9 +98,16 @@ def run(args) -> int:
     # stdout carries only the result (JSON or table); TVM's loggers print to stdout
     with interrupt_guard() as interrupted, contextlib.redirect_stdout(sys.stderr):
         try:
-            result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
-                                 log=log, per_iter=args.per_iter, should_stop=interrupted,
-                                 verbose=args.verbose, reuse_schedules=args.reuse_schedules)
+            if client is not None:
+                from tvm_ext.cluster.tune import tune_on_cluster
+
+                result = tune_on_cluster(workload, target, work_dir, args.trials, client, args.ruleset,
+                                         rpc=(args.rpc_tracker, args.rpc_key), log=log, per_iter=args.per_iter,
+                                         should_stop=interrupted)
+            else:
+                result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
+                                     log=log, per_iter=args.per_iter, should_stop=interrupted,
+                                     verbose=args.verbose, reuse_schedules=args.reuse_schedules)
         except BaseException:  # the stop arrives wrapped in TVM's error types
             if not interrupted():
                 raise

@@ -2,6 +2,8 @@
 tensor-intrinsic import per worker, with a timeout that survives a loaded machine."""
 from __future__ import annotations
 
+import os
+
 BUILD_TIMEOUT_S = 300  # a kill switch, not a measurement: busy 2-core machines need headroom
 
 
@@ -31,7 +33,14 @@ def fast_local_builder(timeout_sec: float = 120.0, max_workers: int | None = Non
     return LocalBuilder(f_build=make_build(), timeout_sec=timeout_sec, max_workers=max_workers)
 
 
+def build_workers() -> int | None:
+    """Builder processes: ``$TVM_EXT_BUILD_WORKERS`` when set (a cluster node or a run pinned to
+    fewer cores than the machine has), else TVM's default (every CPU of the machine)."""
+    value = os.environ.get("TVM_EXT_BUILD_WORKERS")
+    return int(value) if value else None
+
+
 def make_builder():
     """A local builder whose workers skip importing TVM's tensor intrinsics (~30 s each),
     with a timeout that survives a loaded machine (TVM's default is 30 s)."""
-    return fast_local_builder(timeout_sec=BUILD_TIMEOUT_S)
+    return fast_local_builder(timeout_sec=BUILD_TIMEOUT_S, max_workers=build_workers())

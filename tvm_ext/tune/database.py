@@ -306,15 +306,21 @@ def _json_database(path_workload: str, path_records: str, allow_missing: bool):
                                     module_equality="structural")
 
 
+def register_record_intrinsics() -> None:
+    """Register the tensor intrinsics that records of our tensorized schedules name (VNNI,
+    AMX): a trace naming one cannot be loaded before."""
+    from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
+    from tvm_ext.intrinsics.vnni import register_intrinsics
+
+    register_intrinsics()
+    register_amx()
+
+
 def _load(path_workload: str, path_records: str, allow_missing: bool,
           shown: list | None = None) -> ms.database.JSONDatabase:
     """JSONDatabase of two checked files; DatabaseCorrupt naming the line TVM cannot load
     (``shown``: the paths to name, when these are a snapshot's)."""
-    from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
-    from tvm_ext.intrinsics.vnni import register_intrinsics
-
-    register_intrinsics()  # records of VNNI- and AMX-tensorized schedules name our intrinsics
-    register_amx()
+    register_record_intrinsics()
     try:
         return _json_database(path_workload, path_records, allow_missing)
     except Exception as err:  # noqa: BLE001 - TVM's FATAL errors: JSON lines that do not load
@@ -408,6 +414,23 @@ def records_of(database, mod: tvm.IRModule) -> list:
     shash = tvm_ffi.structural_hash(workload.mod)
     return [r for r in database.get_all_tuning_records()
             if r.workload.same_as(workload) or tvm_ffi.structural_hash(r.workload.mod) == shash]
+
+
+def record_texts(work_dir: str, mod: tvm.IRModule) -> list[str]:
+    """The JSON text of every record of ``mod`` in the work dir's records file, as written
+    (``TuningRecord.as_json`` cannot convert every trace back to Python: an IndexMap fails)."""
+    wanted = str(tvm_ffi.structural_hash(mod))
+    workloads = {i for i, line in enumerate(_read_bytes(os.path.join(work_dir, WORKLOADS)).splitlines())
+                 if line.strip() and json.loads(line)[0] == wanted}
+    texts = []
+    for line in _read_bytes(os.path.join(work_dir, RECORDS)).splitlines():
+        try:
+            index, record = json.loads(line)
+        except ValueError:  # an incomplete last line a kill left: not a record
+            continue
+        if index in workloads:
+            texts.append(json.dumps(record))
+    return texts
 
 
 def best_record(database, mod: tvm.IRModule):

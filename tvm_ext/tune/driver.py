@@ -48,7 +48,7 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
     must look up the records of the module that is tuned and compiled now, not the old one's
     (whose records stay in the database, unused)."""
     entries = []
-    spent = {e["name"]: e["tuning_s"] for e in meta.get("tasks", []) if "tuning_s" in e}
+    kept = {e["name"]: {k: e[k] for k in ("tuning_s", "node") if k in e} for e in meta.get("tasks", [])}
     for i, task in enumerate(tasks):
         file = os.path.join("tasks", f"{i:03d}_{task.name[:80]}.json")
         path = os.path.join(work_dir, file)
@@ -62,8 +62,7 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
                 f.write(text)
             os.replace(path + ".tmp", path)
         entry = {"name": task.name, "weight": task.weight, "file": file}
-        if task.name in spent:  # kept across resumed runs
-            entry["tuning_s"] = spent[task.name]
+        entry.update(kept.get(task.name, {}))  # seconds and node kept across resumed runs
         entries.append(entry)
     meta["tasks"] = entries
     write_meta(work_dir, meta)
@@ -221,13 +220,16 @@ class FirstError:
         return after_each_batch(self.keep)
 
 
-def add_tuning_seconds(work_dir: str, task_name: str, seconds: float) -> None:
+def add_tuning_seconds(work_dir: str, task_name: str, seconds: float, node: str | None = None) -> None:
     """Add wall seconds spent tuning ``task_name`` to the work dir's metadata: what a user
-    pays for the schedules (summed over resumed and interrupted runs; lost on a kill)."""
+    pays for the schedules (summed over resumed and interrupted runs; lost on a kill), and
+    ``node``: the cluster node that tuned it last (``tvm_ext.cluster``)."""
     meta = read_meta(work_dir)
     for entry in meta["tasks"]:
         if entry["name"] == task_name:
             entry["tuning_s"] = round(entry.get("tuning_s", 0.0) + seconds, 1)
+            if node is not None:
+                entry["node"] = node
     write_meta(work_dir, meta)
 
 
@@ -242,6 +244,7 @@ def report(work_dir: str, database=None) -> dict:
         database = open_database(work_dir, read_only=True)
     rows, total, complete = [], 0.0, True
     tuning_s = {e["name"]: e.get("tuning_s") for e in meta["tasks"]}
+    nodes = {e["name"]: e["node"] for e in meta["tasks"] if "node" in e}
     for task in load_tasks(work_dir, meta):
         best = best_record(database, task.mod)
         secs = record_seconds(best) if best is not None else None
@@ -250,6 +253,8 @@ def report(work_dir: str, database=None) -> dict:
                "best_us": None if secs is None else secs * 1e6,
                "kernels": None if best is None else kernels_of(best, task.mod),
                "tuning_s": tuning_s.get(task.name)}
+        if task.name in nodes:  # tuned on a cluster node
+            row["node"] = nodes[task.name]
         if secs is None:
             complete = False
         else:
