@@ -306,3 +306,60 @@ def test_bench_states_the_budget_a_database_was_tuned_to():
     assert len(tasks) == 41 and min(t["trials"] for t in tasks) == 3 and tuned_trials(tasks) == 64
     assert tuned_trials([{"trials": 0}] * 20 + [{"trials": 8}] * 13 + [{"trials": 1}]) == 8
     assert tuned_trials([{"trials": 0}]) is None
+
+
+@pytest.mark.parametrize("target, workload, why", [
+    ({"kind": "llvm", "mcpu": "sapphirerapids"}, "resnet50-int8-amx", "AMX int8 tiles"),
+    ({"kind": "llvm", "mcpu": "cascadelake"}, "resnet50-int8-nchwc", "VNNI (vpdpbusd) and no AMX"),
+    ({"kind": "llvm", "mcpu": "haswell"}, "resnet50-int8", "AVX2 without VNNI: 8-bit weights could saturate"),
+    ("cuda-sm80", "resnet50-int8", "CPU layouts, not for cuda"),
+])
+def test_resnet50_int8_runs_the_hosts_int8_path(target, workload, why, capsys):
+    """The main job's workload: --layout auto (the default) picks the int8 path the target runs
+    best (issue 35) and says which and why; --layout nhwc is the seed's NHWC network."""
+    from argparse import Namespace
+
+    from tvm_ext.cli.common import builtin_name
+
+    spec = target if isinstance(target, str) else json.dumps(target)
+    assert builtin_name(Namespace(workload="resnet50-int8", layout="auto", target=spec)) == workload
+    assert f"int8 path: {workload} (" in capsys.readouterr().err and why
+    assert builtin_name(Namespace(workload="resnet50-int8", layout="nhwc", target=spec)) == "resnet50-int8"
+    with pytest.raises(ValueError, match="--layout is for MODEL.onnx and resnet50-int8, not conv2d-int8"):
+        builtin_name(Namespace(workload="conv2d-int8", layout="nchwc", target=spec))
+
+
+@pytest.mark.parametrize("tuned_for", ["this CPU", "another CPU"])
+def test_tune_starts_from_the_saved_database(tuned_for, tuned, tmp_path, monkeypatch):
+    """A saved database for this workload and rule set: copied when it was tuned for this CPU;
+    from another CPU, its best schedules are measured here first (never trusted blindly) and the
+    search goes on from them."""
+    work_dir, _, _ = tuned
+    monkeypatch.chdir(tmp_path)
+    saved = os.path.join("tuning_logs", "conv2d-int8-llvm-plugin")
+    shutil.copytree(work_dir, saved)
+    if tuned_for == "another CPU":
+        meta = json.loads(Path(saved, "tvm_ext.json").read_text())
+        meta["target"]["mcpu"] = "cascadelake" if meta["target"].get("mcpu") != "cascadelake" else "icelake-server"
+        Path(saved, "tvm_ext.json").write_text(json.dumps(meta))
+    cli("save", saved)  # as the project keeps it: compressed
+    _, out, err = cli("tune", "conv2d-int8", *SMALL, "--trials", "3", "--json")
+    report = json.loads(out)
+    assert report["tasks"][0]["trials"] == 3
+    if tuned_for == "this CPU":
+        assert f"starting from the records committed in {saved}" in err
+        assert "1/3 trials" not in err and "2/3 trials, tuning 1" in err  # the saved two records, one more
+    else:
+        assert f"{saved} was tuned on another CPU" in err and "measured here first" in err
+        assert "2 schedules transferred" in err and "2/3 trials, tuning 1" in err
+        records = tuning_records(os.path.join("tvm_ext_work", "conv2d-int8-llvm-plugin"))
+        saved_secs = {tuple(r.run_secs) for r in tuning_records(saved)}
+        assert not {tuple(r.run_secs) for r in records[:2]} & saved_secs  # this machine's times, not the old
+    assert os.listdir("tuning_logs") == ["conv2d-int8-llvm-plugin"]  # the saved database is left as it was
+
+
+def tuning_records(work_dir):
+    from tvm_ext import tune as tuning
+
+    db = tuning.open_database(work_dir, read_only=True)
+    return db.get_all_tuning_records()

@@ -52,8 +52,10 @@ def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="MODEL.onnx only: static shape of a dynamic input (see tvm-ext import)")
     p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx"),
-                   help="MODEL.onnx only: activation layout of the integer module (default auto; see "
-                        "tvm-ext import --help); each layout has its own databases")
+                   help="MODEL.onnx and resnet50-int8: activation layout of the integer network; auto "
+                        "(default) is the host's best int8 path on llvm: amx with AMX, nchwc (packed, "
+                        "vpdpbusd) with VNNI, else nhwc; resnet50-int8 --layout nhwc is the seed's NHWC "
+                        "network; each layout has its own databases")
 
 
 def workload_options(args) -> dict:
@@ -82,7 +84,7 @@ def workload_key(args) -> str:
     ``onnx-<stem>-<content hash>[-nchwc]`` (two different files, or layouts, never share a
     database; ``--layout auto`` imports the model to know which it is)."""
     if not args.workload.endswith(".onnx"):
-        return args.workload
+        return builtin_name(args)
     from tvm_ext.frontend.onnx_int8 import check_layout, workload_name
 
     layout = check_layout(getattr(args, "layout", "auto"))
@@ -90,6 +92,27 @@ def workload_key(args) -> str:
 
 
 _IMPORTED = {}  # one import per model and options in a process (workload_key, then load_workload)
+_SAID = set()  # int8 path choices already told (workload_key, then load_workload)
+
+
+def builtin_name(args) -> str:
+    """The built-in workload to build: ``resnet50-int8`` is the int8 ResNet-50 in the layout of
+    ``--layout`` -- with ``auto`` (the default), the one this target runs best
+    (``tvm_ext.int8_path``), said in one line; other built-ins take no ``--layout``."""
+    from tvm_ext.int8_path import RESNET50, best_layout
+
+    layout = getattr(args, "layout", "auto")
+    if args.workload != "resnet50-int8":
+        if layout != "auto":
+            raise ValueError(f"--layout is for MODEL.onnx and resnet50-int8, not {args.workload}")
+        return args.workload
+    if layout != "auto":
+        return RESNET50[layout]
+    layout, why = best_layout(resolve_target(args.target), weights_fit_int16=False)  # full 8-bit weights
+    if (args.target, layout) not in _SAID:
+        _SAID.add((args.target, layout))
+        log(f"int8 path: {RESNET50[layout]} ({why}; --layout nhwc|nchwc|amx picks another)")
+    return RESNET50[layout]
 
 
 def load_workload(args):
@@ -98,9 +121,6 @@ def load_workload(args):
 
     check_workload_name(args.workload)
     layout = getattr(args, "layout", "auto")
-    if not args.workload.endswith(".onnx") and layout != "auto":
-        raise ValueError("--layout is for MODEL.onnx (the built-in packed network is the workload "
-                         "resnet50-int8-nchwc)")
     if args.workload.endswith(".onnx"):
         from tvm_ext.frontend.onnx_int8 import import_onnx, parse_shapes
 
@@ -114,8 +134,9 @@ def load_workload(args):
             _IMPORTED[key] = import_onnx(args.workload, parse_shapes(getattr(args, "shape", [])), layout=layout,
                                          target=resolve_target(args.target), seed=args.seed, log=log)
         return _IMPORTED[key].workload
-    log(f"building {args.workload} {workload_options(args)} ...")
-    return workloads.get(args.workload, **workload_options(args))
+    name = builtin_name(args)
+    log(f"building {name} {workload_options(args)} ...")
+    return workloads.get(name, **workload_options(args))
 
 
 def resolve_target(spec: str):

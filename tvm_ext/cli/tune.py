@@ -91,8 +91,10 @@ def run(args) -> int:
     if not fresh:
         tuning.read_meta(work_dir)  # refuse a directory that is not a database before building
     workload = load_workload(args)
+    transfer_from = None
     if fresh and args.work_dir is None:
-        start_from_committed(args, target, work_dir, workload.options)
+        transfer_from = start_from_committed(args, target, work_dir, workload.options, workload.name,
+                                             transfer=client is None)
     log(f"tuning into {work_dir} ({args.ruleset}, {args.trials} trials per task, target "
         f"{target.kind.name})")
     # stdout carries only the result (JSON or table); TVM's loggers print to stdout
@@ -107,7 +109,8 @@ def run(args) -> int:
             else:
                 result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
                                      log=log, per_iter=args.per_iter, should_stop=interrupted,
-                                     verbose=args.verbose, reuse_schedules=args.reuse_schedules)
+                                     verbose=args.verbose, reuse_schedules=args.reuse_schedules,
+                                     transfer_from=transfer_from)
         except BaseException:  # the stop arrives wrapped in TVM's error types
             if not interrupted():
                 raise
@@ -188,29 +191,42 @@ def _nonempty(path: str) -> bool:
     return os.path.isdir(path) and bool(os.listdir(path))
 
 
-def start_from_committed(args, target, work_dir: str, options: dict) -> None:
-    """Copy the committed database for this workload and rule set into a new work dir when
-    it was tuned for exactly this target; otherwise say why tuning starts from scratch."""
+def start_from_committed(args, target, work_dir: str, options: dict, key: str, transfer: bool = True) -> str | None:
+    """The committed database for this workload and rule set: copied into the new work dir when
+    it was tuned for exactly this target; returned (to transfer its best schedules from, each
+    measured here) when it was tuned on another CPU whose instructions this one has; otherwise
+    None, saying why tuning starts from scratch."""
     import shutil
 
     from tvm_ext import tune as tuning
     from tvm_ext.targets import target_mismatch
 
-    key = workload_key(args)
     committed = tuning.default_work_dir(key, target, args.ruleset, root=COMMITTED_ROOT)
     if not _nonempty(committed):
-        return
+        return None
     try:
         meta = tuning.read_meta(committed)
     except ValueError:
-        return
+        return None
     mismatch = target_mismatch(meta["target"], target)
-    if mismatch is None and meta.get("options") == options:
+    if meta.get("options") != options:
+        log(f"not reusing {committed}: options {meta.get('options')}; tuning for this machine from scratch")
+        return None
+    if mismatch is None:
         shutil.copytree(committed, work_dir, ignore=shutil.ignore_patterns("logs"), dirs_exist_ok=True)
         log(f"starting from the records committed in {committed} (tuned for this target)")
-    else:
-        why = mismatch or f"options {meta.get('options')}"
-        log(f"not reusing {committed}: {why}; tuning for this machine from scratch")
+        return None
+    if not transfer:
+        log(f"not reusing {committed}: {mismatch} (a cluster run tunes from scratch)")
+        return None
+    try:
+        tuning.check_instructions(committed, target)
+    except tuning.DatabaseMismatch as err:
+        log(f"not reusing {committed}: {err}; tuning for this machine from scratch")
+        return None
+    log(f"{committed} was tuned on another CPU ({meta['target'].get('mcpu')}): its best schedules start "
+        "this run, each measured here first")
+    return committed
 
 
 def run_build_only(args, target) -> int:

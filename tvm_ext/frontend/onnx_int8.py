@@ -165,34 +165,36 @@ def emit(graph: QuantGraph, layout: str, target=None):
     tensorization rule matches (ValueError, one line, for a graph it cannot lay out: grouped
     convs that are not depthwise, concat or rescale steps, an output that is not flat); ``amx``
     the same with 64-channel blocks where the channels allow (``qnn_amx.AMXEmitter``), which
-    the AMX rule tiles. ``auto`` is ``amx`` on a ``target`` (default: this host) with AMX int8,
-    ``nchwc`` where the u8 x s8 rule tensorizes: with VNNI, or with AVX2
-    when every conv/dense weight fits ``vpmaddubsw``'s int16 pair sums (``pairs_fit_int16``:
-    7-bit weights, as ORT's ``reduce_range`` makes on such hosts); else ``nhwc``."""
-    from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name  # pylint: disable=import-outside-toplevel
-    from tvm_ext.targets import has_amx, host_target  # pylint: disable=import-outside-toplevel
+    the AMX rule tiles. ``auto`` follows ``tvm_ext.int8_path.best_layout`` for ``target``
+    (default: this host), the policy the built-in ResNet-50 follows too, and falls back to the
+    next layout where the graph cannot be laid out so."""
+    from tvm_ext.int8_path import best_layout  # pylint: disable=import-outside-toplevel
+    from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
     from tvm_ext.workloads.qnn_amx import AMXEmitter  # pylint: disable=import-outside-toplevel
 
     check_layout(layout)
     target = target if target is not None else host_target()
-    if layout == "amx" or (layout == "auto" and has_amx(target)):
+    auto = layout == "auto"
+    if auto:  # with 7-bit weights assumed; checked below once the graph is packed
+        layout = best_layout(target, weights_fit_int16=True)[0]
+    if layout == "amx":
         try:
             return graph.to_relax(emitter=AMXEmitter()), "amx"
         except ValueError:
-            if layout == "amx":
+            if not auto:
                 raise
-    intrin = u8s8_intrin_name(target) if layout == "auto" else None
-    if layout == "nhwc" or (layout == "auto" and intrin is None):  # auto: nothing would tensorize
+            layout = "nchwc"
+    if layout == "nhwc":
         return graph.to_relax(), "nhwc"
     packed = PackedEmitter()
     try:
         mod = graph.to_relax(emitter=packed)
     except ValueError:
-        if layout == "nchwc":
+        if not auto:
             raise
         return graph.to_relax(), "nhwc"
-    if layout == "auto" and intrin == AVX2_INTRIN and packed.unfit:  # some weights cannot use the AVX2 form
-        return graph.to_relax(), "nhwc"
+    if auto and packed.unfit and best_layout(target, weights_fit_int16=False)[0] == "nhwc":
+        return graph.to_relax(), "nhwc"  # AVX2 without VNNI, and some weights cannot use its form
     return mod, "nchwc"
 
 

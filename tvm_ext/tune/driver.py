@@ -22,6 +22,7 @@ from tvm_ext.tune.database import (best_record, open_database, prepare_work_dir,
                                    record_seconds, records_of, write_meta)
 from tvm_ext.tune.runner import make_runner
 from tvm_ext.tune.transfer import reuse_schedules as reuse_schedules_of
+from tvm_ext.tune.transfer import transfer_schedules
 from tvm_ext.tune.search import (TuningInterrupted, after_each_batch, search_strategy,
                                  stop_callback)
 
@@ -137,7 +138,7 @@ class Rejections:
 def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", runner=None,
          log: Callable[[str], None] = print, seed: int = 0, per_iter: int = 16,
          should_stop: Callable[[], bool] = lambda: False, verbose: bool = False,
-         reuse_schedules: bool = False) -> dict:
+         reuse_schedules: bool = False, transfer_from: str | None = None) -> dict:
     """Tune every task of ``workload`` up to ``trials`` records each; resumable.
 
     ``per_iter`` candidates are measured per search iteration; records reach the database
@@ -146,7 +147,8 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
     candidates all fail shows the first error. The database is opened once.
 
     ``reuse_schedules``: tasks whose TIR changed start from their old best schedule
-    (``tvm_ext.tune.transfer``).
+    (``tvm_ext.tune.transfer``). ``transfer_from``: a saved database of the same workload tuned
+    on another CPU; tasks without records start from its best schedules, measured here first.
 
     Returns the report (see ``report``) of the work dir after tuning.
     """
@@ -161,6 +163,9 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
     if old_tasks:
         reused = reuse_schedules_of(old_tasks, tasks, database, target, runner, log=log)
         log(f"{reused} changed tasks start from their old schedule")
+    if transfer_from:
+        moved = transfer_schedules(transfer_from, tasks, database, target, runner, log=log)
+        log(f"{moved} schedules transferred from {transfer_from}, each measured on this machine")
     todo = {task.name: max(0, trials - len(records_of(database, task.mod))) for task in tasks}
     left, spent, measured = sum(todo.values()), 0.0, 0
     log(f"{len(tasks)} tasks, {sum(trials - n for n in todo.values())} of {trials * len(tasks)} "

@@ -1,4 +1,5 @@
-"""Carry a work dir's schedules over to tasks whose TIR changed (``tvm-ext tune --reuse-schedules``).
+"""Carry schedules over: to tasks whose TIR changed (``tvm-ext tune --reuse-schedules``), and from
+a saved database tuned on another CPU (``transfer_schedules``: the main job on a new machine).
 
 When a workload's code changes a task's TIR but not its loops and blocks (an epilogue computed
 another way: ``qnn_float``), the database has no record of the new module, and tuning would
@@ -65,4 +66,45 @@ def reuse_schedules(old_tasks, new_tasks, database, target, runner, builder=None
     return committed
 
 
-__all__ = ["replayed", "reuse_schedules"]
+def transfer_schedules(source_dir: str, tasks, database, target, runner, top_k: int = 2, builder=None,
+                       log=print) -> int:
+    """For every task without a record in ``database``: the ``top_k`` fastest schedules the saved
+    database ``source_dir`` holds for the same module (tuned on another CPU), replayed, built and
+    measured here by ``runner`` and committed with this machine's times -- never its old ones. The
+    search then starts from the best of them. A task whose schedules fail here is tuned from
+    scratch, with one line. Returns how many records were committed."""
+    from tvm_ext.tune.database import open_database, record_seconds  # pylint: disable=import-outside-toplevel
+
+    source = open_database(source_dir, read_only=True)
+    picked = []
+    for task in tasks:
+        if records_of(database, task.mod):
+            continue
+        ranked = sorted((r for r in records_of(source, task.mod) if record_seconds(r) is not None),
+                        key=record_seconds)
+        schedules = [s for s in (replayed(r, task.mod) for r in ranked[:top_k]) if s is not None]
+        if schedules:
+            picked.append((task, schedules))
+    if not picked:
+        return 0
+    log(f"measuring here the {sum(len(s) for _, s in picked)} best schedules of {len(picked)} tasks in {source_dir} "
+        f"(up to {top_k} per task) ...")
+    builder = builder if builder is not None else make_builder()
+    committed = 0
+    for task, schedules in picked:
+        mods = {f"{task.name}#{k}": sch.mod for k, sch in enumerate(schedules)}
+        try:
+            secs = runner_seconds(mods, target, runner, builder)
+        except RuntimeError as err:
+            log(f"{task.name}: a transferred schedule failed here ({str(err).splitlines()[0]}); tuned from scratch")
+            continue
+        workload = database.commit_workload(task.mod)
+        for k, sch in enumerate(schedules):
+            database.commit_tuning_record(ms.database.TuningRecord(
+                sch.trace, workload, run_secs=[float(secs[f"{task.name}#{k}"])], target=target,
+                args_info=ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+            committed += 1
+    return committed
+
+
+__all__ = ["replayed", "reuse_schedules", "transfer_schedules"]

@@ -1,0 +1,35 @@
+"""Which int8 path a CPU target runs best: AMX tiles, the VNNI-packed layout, or plain NHWC.
+
+One policy for the built-in ResNet-50 (``tvm-ext tune resnet50-int8`` picks its workload by it)
+and for imported ONNX models (``frontend.onnx_int8.emit``): AMX where the CPU has AMX int8
+(``tdpbusd``, ~7x ``vpdpbusd`` per core); the packed NCHW[x]c layout where a u8 x s8 16x4
+product tensorizes -- VNNI (``vpdpbusd``), or AVX2 (``vpmaddubsw``) when every weight pair fits its
+saturating int16 sums (7-bit weights); else NHWC, which nothing tensorizes.
+"""
+from __future__ import annotations
+
+# the built-in ResNet-50 of each layout
+RESNET50 = {"amx": "resnet50-int8-amx", "nchwc": "resnet50-int8-nchwc", "nhwc": "resnet50-int8"}
+
+
+def best_layout(target, weights_fit_int16: bool) -> tuple[str, str]:
+    """(layout, why) for ``target``: "amx", "nchwc" or "nhwc", and the reason in a few words.
+    ``weights_fit_int16``: every conv/dense weight pair fits ``vpmaddubsw`` (7-bit weights)."""
+    from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name
+    from tvm_ext.targets import has_amx
+
+    if target.kind.name != "llvm":
+        return "nhwc", f"the packed int8 layouts are CPU layouts, not for {target.kind.name}"
+    if has_amx(target):
+        return "amx", "this CPU has AMX int8 tiles"
+    intrin = u8s8_intrin_name(target)
+    if intrin is not None and intrin != AVX2_INTRIN:
+        return "nchwc", "this CPU has VNNI (vpdpbusd) and no AMX"
+    if intrin == AVX2_INTRIN and weights_fit_int16:
+        return "nchwc", "AVX2 without VNNI, and every weight fits vpmaddubsw's int16 pairs"
+    if intrin == AVX2_INTRIN:
+        return "nhwc", "AVX2 without VNNI: 8-bit weights could saturate vpmaddubsw's int16 pairs"
+    return "nhwc", "no AVX2, VNNI or AMX: nothing tensorizes the int8 products"
+
+
+__all__ = ["RESNET50", "best_layout"]
