@@ -29,11 +29,11 @@ setup(
         "tornado",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17",
+        "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17", "openvino",
                  # the cluster tests start a real Dask scheduler and workers on loopback
                  "dask[distributed]", "cryptography"],
-        # ONNX Runtime as the peer of the int8 benchmarks (issue: int8 on CPU vs ORT)
-        "bench": ["onnx>=1.16", "onnxruntime>=1.17"],
+        # ONNX Runtime and OpenVINO as the peers of the int8 benchmarks (--peers ort,ov)
+        "bench": ["onnx>=1.16", "onnxruntime>=1.17", "openvino"],
         # tvm-ext tune --cluster: tasks tuned on a Dask-distributed cluster over mutual TLS
         "cluster": ["dask[distributed]", "cryptography"],
     },

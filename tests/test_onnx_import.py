@@ -431,7 +431,8 @@ def test_onnx_path_is_a_workload_keyed_by_content(tmp_path, capsys, monkeypatch)
     assert _key(tmp_path / "d" / "m.onnx") == key_a  # same bytes, same database
     _save([helper.make_node("Relu", ["x"], ["y"])], {}, tmp_path / "d" / "m.onnx", out_shape=[1, 4, 9, 9])
     assert _key(tmp_path / "d" / "m.onnx", "nhwc") != key_a  # same name, other bytes (a float model)
-    assert key_a.startswith("onnx-m-") and _key("resnet50-int8") == "resnet50-int8"
+    assert key_a.startswith("onnx-m-") and _key("resnet50-int8", "nhwc") == "resnet50-int8"
+    assert _key("conv2d-int8") == "conv2d-int8"  # resnet50-int8 with auto: the host's path (test_cli)
     assert _key(a, "nchwc") == key_a + "-nchwc" and _key(a, "nhwc") == key_a  # layouts never share
     monkeypatch.chdir(tmp_path)
     assert main(["tune", "missing.onnx"]) == 2

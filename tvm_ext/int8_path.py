@@ -16,8 +16,9 @@ def best_layout(target, weights_fit_int16: bool) -> tuple[str, str]:
     """(layout, why) for ``target``: "amx", "nchwc" or "nhwc", and the reason in a few words.
     ``weights_fit_int16``: every conv/dense weight pair fits ``vpmaddubsw`` (7-bit weights)."""
     from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name
-    from tvm_ext.targets import has_amx
+    from tvm_ext.targets import has_amx, resolve_target
 
+    target = resolve_target(target)  # a Target, a preset name or a JSON dict
     if target.kind.name != "llvm":
         return "nhwc", f"the packed int8 layouts are CPU layouts, not for {target.kind.name}"
     if has_amx(target):

@@ -26,7 +26,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     ``WORKLOAD:plugin``).
 
     ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
-    rounds (a row with ``"ruleset": "ort"``); ``layers`` adds ``"per_layer"``: every conv
+    rounds (a row with ``"ruleset": "ort"``), ``"ov"`` OpenVINO's CPU plugin; ``layers`` adds ``"per_layer"``: every conv
     task of the first rule set's database against one ORT QLinearConv of its shape."""
     from tvm_ext.targets import resolve_target
 
@@ -43,6 +43,10 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     if "ort" in peers:
         runs["ort"], diff, weights = peer_module().ort_network(workload, threads, log)
         rows.append({"ruleset": "ort", "exact_match": False, "threads": threads, "ort_weights": weights,
+                     "max_step": diff["max_step"], "frac_differ": diff["frac_differ"]})
+    if "ov" in peers:
+        runs["ov"], diff, settings = peer_module().ov_network(workload, threads, log)
+        rows.append({"ruleset": "ov", "exact_match": False, "threads": threads, "ov": settings,
                      "max_step": diff["max_step"], "frac_differ": diff["frac_differ"]})
     if "tvm-onnx" in peers:
         runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)

@@ -1,4 +1,4 @@
-"""ONNX Runtime as a peer of the tuned int8 networks, end to end and per conv layer.
+"""ONNX Runtime and OpenVINO as peers of the tuned int8 networks: end to end (both) and per conv layer (ORT).
 
 End to end: the workload's recorded QuantGraph is exported to ONNX (same weights and
 quantization parameters, see ``onnx_export``) and timed in the same interleaved rounds
@@ -21,7 +21,7 @@ from tvm_ext import tune as tuning
 from tvm_ext.arrays import random_arrays
 from tvm_ext.bench.timing import time_interleaved
 
-PEERS = ("ort", "tvm-onnx")  # tvm-onnx: TVM's own from_onnx on an imported .onnx workload
+PEERS = ("ort", "ov", "tvm-onnx")  # ov: OpenVINO's CPU plugin; tvm-onnx: TVM's own from_onnx on an imported .onnx
 
 
 def parse_peers(text: str | None, known=PEERS, what: str = "peer") -> list[str]:
@@ -42,51 +42,92 @@ def threads_of(target) -> int:
 
 
 # ----------------------------------------------------------------------------- end to end
-def ort_network(workload, threads: int, log=print):
-    """(callable running the exported network in ORT, diff of its output vs the reference,
-    weight type used).
+def peer_model(workload, what: str = "ort"):
+    """The workload's network as ONNX for a peer runtime: (ModelProto, input name, output name or
+    None for the only one, diff(out) -> {"max_step", "frac_differ"} against the exact reference,
+    weights label, source label).
 
-    The residual adds use ``com.microsoft.QLinearAdd`` (what ORT runs fastest); weights
-    are int8 on VNNI hosts and uint8 elsewhere, where ORT's int8 kernels saturate (see
-    ``onnx_export.weight_inputs``). The diff is the largest difference in uint8 steps
-    and the fraction of differing outputs: one-step rounding differences of single
-    layers grow through a deep network."""
-    from tvm_ext.bench import onnx_export
-
-    if getattr(workload, "onnx_source", None):  # an imported .onnx: ORT runs that very file
-        return _ort_file(workload, threads, log)
-    graph = workload.reference
-    if not hasattr(graph, "steps"):
-        raise ValueError(f"--peers ort: workload {workload.name!r} has no quantized graph to export")
-    batch = workload.inputs[0].shape[0]
-    weights = onnx_export.exact_weights_for_host()
-    model, _ = onnx_export.export_quant_graph(graph, batch, exact_add=False, weights=weights)
-    sess = onnx_export.ort_session(model, threads)
-    feed = {"images": workload.inputs[0]}
-    (out,) = sess.run(None, feed)
-    # the exported graph is NCHW inside; a network ending in a conv returns NCHW
-    diff = onnx_export.diff_steps(onnx_export.to_nhwc(out), workload.reference(workload.inputs))
-    log(f"ort: output differs from the exact reference by up to {diff['max_step']} uint8 "
-        f"steps in {100 * diff['frac_differ']:.1f}% of the outputs")
-    return (lambda: sess.run(None, feed)), diff, weights
-
-
-def _ort_file(workload, threads: int, log=print):
-    """ORT on the imported model's own file; its float output compared with the exact
-    reference in output quantization steps."""
+    An imported .onnx is that very file (its float output compared in output quantization steps).
+    A built-in network is its recorded QuantGraph exported (same weights and quantization
+    parameters): residual adds as ``com.microsoft.QLinearAdd``, weights int8 on VNNI hosts and
+    uint8 elsewhere, where ORT's int8 kernels saturate (``onnx_export.weight_inputs``); its
+    uint8 output compared in uint8 steps. One-step rounding differences of single layers grow
+    through a deep network."""
     import onnx
 
     from tvm_ext.bench import onnx_export
 
-    src = workload.onnx_source
-    sess = onnx_export.ort_session(onnx.load(src["path"]), threads)
-    feed = {src["input"]: workload.inputs[0]}
-    (out,) = sess.run([src["output"]], feed)
-    steps = np.rint(np.abs(out.astype(np.float64) - workload.reference(workload.inputs)) / src["out_scale"])
-    diff = {"max_step": int(steps.max()), "frac_differ": float(np.mean(steps > 0))}
-    log(f"ort ({src['path']}): output differs from the exact reference by up to {diff['max_step']} "
+    src = getattr(workload, "onnx_source", None)
+    ref = workload.reference(workload.inputs)
+    if src:
+        def diff_file(out):
+            steps = np.rint(np.abs(out.astype(np.float64) - ref) / src["out_scale"])
+            return {"max_step": int(steps.max()), "frac_differ": float(np.mean(steps > 0))}
+
+        return onnx.load(src["path"]), src["input"], src["output"], diff_file, "file", f" ({src['path']})"
+    graph = workload.reference
+    if not hasattr(graph, "steps"):
+        raise ValueError(f"--peers {what}: workload {workload.name!r} has no quantized graph to export")
+    weights = onnx_export.exact_weights_for_host()
+    model, _ = onnx_export.export_quant_graph(graph, workload.inputs[0].shape[0], exact_add=False, weights=weights)
+    # the exported graph is NCHW inside; a network ending in a conv returns NCHW
+    return model, "images", None, lambda out: onnx_export.diff_steps(onnx_export.to_nhwc(out), ref), weights, ""
+
+
+def _said(name: str, source: str, diff: dict, log) -> None:
+    log(f"{name}{source}: output differs from the exact reference by up to {diff['max_step']} "
         f"steps in {100 * diff['frac_differ']:.1f}% of the outputs")
-    return (lambda: sess.run(None, feed)), diff, "file"
+
+
+def ort_network(workload, threads: int, log=print):
+    """(callable running the workload's network in ORT, diff of its output vs the reference,
+    weight type used): see ``peer_model``."""
+    from tvm_ext.bench import onnx_export
+
+    model, input_name, output, diff_of, weights, source = peer_model(workload, "ort")
+    sess = onnx_export.ort_session(model, threads)
+    feed = {input_name: workload.inputs[0]}
+    out = sess.run([output] if output else None, feed)[0]
+    diff = diff_of(out)
+    _said("ort", source, diff, log)
+    return (lambda: sess.run(None, feed)), diff, weights
+
+
+def ov_network(workload, threads: int, log=print):
+    """(callable running the workload's network in OpenVINO's CPU plugin, diff of its output vs the
+    reference, settings): the same ONNX model ORT runs (``peer_model``), compiled with the latency
+    hint, ``threads`` inference threads and its float parts in f32. OpenVINO's default on CPUs
+    with bf16 (AVX512-BF16, AMX) is bf16. Measured in session 18 (OpenVINO 2026.4, AVX-512 EPYC):
+    on a user's QDQ file (the zoo's MobileNetV2) within 13 steps of the exact reference where ORT
+    is within 1; on the exported QLinearConv of the built-in networks up to 122 steps off, in f32
+    and bf16 alike and whatever its scales and zero points, where ORT is exact: compare OpenVINO
+    on imported QDQ files, and read its row's steps before its time."""
+    import importlib.util
+    import os
+    import tempfile
+
+    import onnx
+
+    if importlib.util.find_spec("openvino") is None:
+        raise ValueError("--peers ov needs OpenVINO: pip install -e '.[bench]'")
+    import openvino as ov
+
+    model, input_name, output, diff_of, weights, source = peer_model(workload, "ov")
+    core = ov.Core()
+    with tempfile.TemporaryDirectory(prefix="tvm_ext_ov_") as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        onnx.save(model, path)
+        compiled = core.compile_model(core.read_model(path), "CPU",
+                                      {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": int(threads),
+                                       "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    feed = {input_name: workload.inputs[0]}
+    out = np.asarray(request.infer(feed)[compiled.output(output) if output else compiled.output(0)])
+    diff = diff_of(out)
+    _said("ov", source, diff, log)
+    settings = {"version": ov.get_version(), "weights": weights,
+                "inference_precision": str(compiled.get_property("INFERENCE_PRECISION_HINT"))}
+    return (lambda: request.infer(feed)), diff, settings
 
 
 def tvm_onnx_network(workload, target, log=print):
