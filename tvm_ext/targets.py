@@ -336,8 +336,8 @@ def _check_mcpu(cfg: dict) -> None:
     if known and cfg["mcpu"] not in known:
         close = difflib.get_close_matches(cfg["mcpu"], known, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ValueError(f"unknown mcpu {cfg['mcpu']!r} for this LLVM ({len(known)} CPUs known); {hint}"
-                         f"'tvm-ext targets' shows this host's")
+        raise ValueError(f"unknown mcpu {cfg['mcpu']!r} for this LLVM; {hint}'tvm-ext targets' shows this host's; "
+                         f"LLVM knows {', '.join(sorted(known))}")
 
 
 def target_key(target: TargetSpec) -> str:
