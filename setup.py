@@ -29,7 +29,7 @@ setup(
         "tornado",
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17", "openvino",
+        "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17", "openvino", "ruff",
                  # the cluster tests start a real Dask scheduler and workers on loopback
                  "dask[distributed]", "cryptography"],
         # ONNX Runtime and OpenVINO as the peers of the int8 benchmarks (--peers ort,ov)

@@ -242,7 +242,8 @@ def check_lowered(func: tirx.PrimFunc, limits: dict) -> tuple[str, str] | None:
     for cast in collect(func.body, tirx.Cast):
         for ty in (cast.ty, cast.value.ty):
             if dtype_lanes(ty) > 1 and dtype_bytes(ty) > MAX_VECTOR_BYTES:
-                return VECTOR_CAST, f"vector cast {cast.value.ty} -> {cast.ty}: {ty} is {dtype_bytes(ty)} bytes > {MAX_VECTOR_BYTES}"
+                return VECTOR_CAST, (f"vector cast {cast.value.ty} -> {cast.ty}: {ty} is {dtype_bytes(ty)} bytes "
+                                     f"> {MAX_VECTOR_BYTES}")
     return None
 
 

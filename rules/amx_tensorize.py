@@ -18,7 +18,8 @@ What it does, per block:
    (``tvm_ext.intrinsics.amx``), then the loops outside are tiled by TVM's
    MultiLevelTiling, structure SSRSRS with a write cache, as the VNNI rule does (that is
    what MultiLevelTilingWithIntrin does too, but its applicability check wants operands
-   indexed by plain iterators, which AMX's A and B tiles are not); like VNNI it folds the requantize epilogue into the cache write-back and keeps
+   indexed by plain iterators, which AMX's A and B tiles are not); like VNNI it folds the requantize epilogue into
+   the cache write-back and keeps
    later rules from undoing the tiling (``vnni_tensorize.fuse_epilogue`` /
    ``protect_tensorization``).
 3. ``postprocs.AMXTileConfig`` then tensorizes the tile and its init (which loads the

@@ -81,10 +81,10 @@ def rows_over_thread_y(high):
 def requantize_primfunc(rows: int = 256, cols: int = 64) -> tirx.PrimFunc:
     """y = q_multiply_shift_per_axis(x, m, l, r, 31, False, True), elementwise."""
     x = te.placeholder((rows, cols), "int32", name="x")
-    m, l, r = (te.placeholder((cols,), "int32", name=n) for n in ("m", "l", "r"))
+    m, left, right = (te.placeholder((cols,), "int32", name=n) for n in ("m", "l", "r"))
     y = te.compute((rows, cols), lambda i, j: tirx.q_multiply_shift_per_axis(
-        x[i, j], m[j], l[j], r[j], 31, False, True), name="y")
-    return te.create_prim_func([x, m, l, r, y])
+        x[i, j], m[j], left[j], right[j], 31, False, True), name="y")
+    return te.create_prim_func([x, m, left, right, y])
 
 
 def annotated(rule_name: str, block: str = "b") -> tirx.PrimFunc:

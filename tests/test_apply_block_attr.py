@@ -1,5 +1,4 @@
 """schedule_rule block annotations, through TVM's ApplyCustomRule and through ours."""
-import warnings
 
 import pytest
 import tvm

@@ -300,7 +300,8 @@ def test_bench_states_the_budget_a_database_was_tuned_to():
     # records per workload of a committed database, read as JSON lines (report() loads every
     # task through TVM: 20 s for this one)
     committed = Path(__file__).resolve().parents[1] / "tuning_logs"
-    lines = read_bytes(str(committed / "onnx-resnet50-qdq-01b1b2e64a61-nchwc-llvm-plugin" / "database_tuning_record.json"))
+    lines = read_bytes(str(committed / "onnx-resnet50-qdq-01b1b2e64a61-nchwc-llvm-plugin"
+                           / "database_tuning_record.json"))
     counts = Counter(json.loads(line)[0] for line in lines.splitlines() if line.strip())
     tasks = [{"trials": n} for n in counts.values()]
     assert len(tasks) == 41 and min(t["trials"] for t in tasks) == 3 and tuned_trials(tasks) == 64

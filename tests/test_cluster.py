@@ -3,7 +3,6 @@ processes on loopback, each pinned to one core (tvm_ext.cluster.local). The data
 writes holds what a local run's holds (the same tasks, each at its budget, valid records); a node
 killed mid-run and the job completes; the driver killed and the job resumes; a node or client
 without the cluster's credentials is refused."""
-import json
 import os
 import signal
 import subprocess

@@ -2,7 +2,6 @@
 carry (tracked files, untracked files git does not ignore, the carried paths), its size is
 checked against the 64 MiB limit, and the machine's /tmp is shared between calls."""
 import importlib.util
-import os
 import subprocess
 from pathlib import Path
 

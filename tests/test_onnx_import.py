@@ -311,7 +311,8 @@ def test_auto_layout_packs_where_the_target_tensorizes(models, packable):
     and for graphs the packed emission cannot lay out."""
     haswell, cascadelake, generic = ({"kind": "llvm", "mcpu": cpu} for cpu in ("haswell", "cascadelake", "x86-64"))
     layout = {(name, cpu["mcpu"]): import_onnx(path, target=cpu).layout
-              for name, path in (("7bit", packable["qdq"]), ("8bit", packable["qdq-8bit"]), ("ops", models["qdq-uint8"]))
+              for name, path in (("7bit", packable["qdq"]), ("8bit", packable["qdq-8bit"]),
+                                 ("ops", models["qdq-uint8"]))
               for cpu in (haswell, cascadelake, generic)}
     assert layout == {("7bit", "haswell"): "nchwc", ("7bit", "cascadelake"): "nchwc", ("7bit", "x86-64"): "nhwc",
                       ("8bit", "haswell"): "nhwc", ("8bit", "cascadelake"): "nchwc", ("8bit", "x86-64"): "nhwc",

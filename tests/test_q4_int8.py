@@ -66,7 +66,8 @@ def test_gemv_matches_int8_reference(k, n, epilogue):
     dev = tvm.cpu()
     acts = [tvm.runtime.tensor(a, dev) for a in _quantize(x)]
     y = tvm.runtime.tensor(np.zeros((1, 1, n), "float32"), dev)
-    _build(q.q4_int8_gemv(n, k, "float16", epilogue))(*acts, *(tvm.runtime.tensor(a, dev) for a in (packed, scale, bias)),
+    _build(q.q4_int8_gemv(n, k, "float16", epilogue))(*acts,
+                                                      *(tvm.runtime.tensor(a, dev) for a in (packed, scale, bias)),
                                                        y)
     got = y.numpy().reshape(-1)
     want = q.reference_np(x, packed, scale, bias, epilogue)

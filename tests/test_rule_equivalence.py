@@ -115,7 +115,8 @@ def test_check_rules_command_writes_json_and_exits_by_result(tmp_path, monkeypat
 
     monkeypatch.setattr(eq, "run_mod", corrupt_candidates)
     bad = tmp_path / "bad.json"
-    assert cli.main(["check-rules", "--cases", "softmax", "--candidates", "1", "--out", str(bad), "--build-timeout", "0",
+    assert cli.main(["check-rules", "--cases", "softmax", "--candidates", "1", "--out", str(bad),
+                     "--build-timeout", "0",
                      "--failure-dir", str(tmp_path)]) == 1
     case = json.loads(bad.read_text())["cases"][0]
     assert not case["ok"] and "max abs error" in case["message"] and case["failure_file"].startswith(str(tmp_path))
@@ -133,14 +134,16 @@ def test_random_arrays_ranges_by_name_then_dtype_then_default():
     func = _func(("x", "uint8", (64,)), ("mult", "int32", (64,)), ("shift", "int32", (64,)),
                  ("w", "int8", (64,)), ("flag", "bool", (64,)))
     x, mult, shift, w, flag, out = random_arrays(func, 0, {"mult": (1 << 30, (1 << 31) - 1), "int32": (-3, -1)})
-    assert [a.dtype.name for a in (x, mult, shift, w, flag, out)] == ["uint8", "int32", "int32", "int8", "bool", "float32"]
+    assert [a.dtype.name for a in (x, mult, shift, w, flag, out)] == [
+        "uint8", "int32", "int32", "int8", "bool", "float32"]
     assert mult.min() >= 1 << 30  # by name
     assert shift.min() >= -3 and shift.max() <= -1  # by dtype
     assert w.min() >= -8 and w.max() <= 8 and w.min() < 0  # signed default
     assert out.min() >= -1 and out.max() <= 1
     assert set(np.unique(flag)) <= {False, True}
     # the same seed draws the same arrays
-    for a, b in zip(random_arrays(func, 0, {"mult": (1 << 30, (1 << 31) - 1), "int32": (-3, -1)}), (x, mult, shift, w, flag, out)):
+    ranges = {"mult": (1 << 30, (1 << 31) - 1), "int32": (-3, -1)}
+    for a, b in zip(random_arrays(func, 0, ranges), (x, mult, shift, w, flag, out)):
         np.testing.assert_array_equal(a, b)
 
 

@@ -26,7 +26,8 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     ``WORKLOAD:plugin``).
 
     ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
-    rounds (a row with ``"ruleset": "ort"``), ``"ov"`` OpenVINO's CPU plugin; ``layers`` adds ``"per_layer"``: every conv
+    rounds (a row with ``"ruleset": "ort"``), ``"ov"`` OpenVINO's CPU plugin; ``layers`` adds
+    ``"per_layer"``: every conv
     task of the first rule set's database against one ORT QLinearConv of its shape."""
     from tvm_ext.targets import resolve_target
 

@@ -407,7 +407,8 @@ def projection_table(rows, peers) -> dict:
                 p["bound_ms"] = k["bound_ms"] / k["calls"]
             p["tvm"][f"{r['schedule']} {'fused' if r['fusion'] == 'on' else 'unfused'}"] = k["ms"] / k["calls"]
     for peer in peers:
-        out.setdefault(peer["projection"], {"bound_ms": None, "tvm": {}, "peers": {}})["peers"][peer["peer"]] = peer["ms"]
+        entry = out.setdefault(peer["projection"], {"bound_ms": None, "tvm": {}, "peers": {}})
+        entry["peers"][peer["peer"]] = peer["ms"]
     return out
 
 

@@ -157,7 +157,7 @@ class OrtPeer:
         sess.run(None, self.feed)  # warm-up (and ORT's first-run allocations)
         samples = [self.plan.seconds_per_call(lambda: sess.run(None, self.feed), [()]) / self.copies
                    for _ in range(repeat)]
-        del sess
+        sess = None  # release the session (its spinning thread pool) before the next one is made
         return float(np.median(samples))
 
 

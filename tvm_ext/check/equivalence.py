@@ -222,7 +222,8 @@ def check_case(case: Case, target, candidates: int = 2, seed: int = 0, *, space=
     except Exception as err:  # noqa: BLE001 -- any exception is a failing case, saved
         tb = traceback.format_exc()
         line = (str(err).strip().splitlines() or [repr(err)])[-1][:300]
-        path = _write_failure(failure_dir, case, seed, func, sch, f"exception: {line}", tb) if func is not None else None
+        path = (_write_failure(failure_dir, case, seed, func, sch, f"exception: {line}", tb)
+                if func is not None else None)
         return CaseResult(case.name, False, 0, f"exception: {line}", path, time.time() - start)
 
 
@@ -247,4 +248,5 @@ def run_corpus(cases: list, target, candidates: int = 2, seed: int = 0, failure_
     return results
 
 
-__all__ = ["BuildTimeout", "Case", "CaseResult", "CandidateRunner", "FAST", "check_case", "corpus", "describe", "run_corpus"]
+__all__ = ["BuildTimeout", "Case", "CaseResult", "CandidateRunner", "FAST", "check_case", "corpus", "describe",
+           "run_corpus"]

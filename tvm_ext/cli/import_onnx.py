@@ -94,7 +94,8 @@ def compare(path: str, imported, images: int = 3, seed: int = 0, target=None, la
         ref = ort[imported.output_name]
         d = np.rint(np.abs(ours.astype(np.float64) - ref) / imported.out_scale)
         steps.append(d)
-        agree += int(np.argmax(ours.reshape(ours.shape[0], -1), 1).tolist() == np.argmax(ref.reshape(ref.shape[0], -1), 1).tolist())
+        top_ours = np.argmax(ours.reshape(ours.shape[0], -1), 1).tolist()
+        agree += int(top_ours == np.argmax(ref.reshape(ref.shape[0], -1), 1).tolist())
         if layers:
             for name, diff in per_layer(imported, x, ort).items():
                 if diff["max_step"] >= worst.get(name, {"max_step": -1})["max_step"]:

@@ -12,8 +12,8 @@ import importlib
 import sys
 
 # one module of this package per command, each with add_parser(sub) and run(args)
-COMMANDS = ("tune", "report", "prune", "save", "cluster", "bench", "bench_search", "bench_cluster", "verify_gpu", "check_rules", "targets", "generate",
-            "import_onnx")
+COMMANDS = ("tune", "report", "prune", "save", "cluster", "bench", "bench_search", "bench_cluster", "verify_gpu",
+            "check_rules", "targets", "generate", "import_onnx")
 
 
 class OneLineParser(argparse.ArgumentParser):

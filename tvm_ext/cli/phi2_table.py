@@ -71,7 +71,8 @@ def format_table(res: dict) -> str:
                      f"{verdict}; dlight rule {loss['rule']}{rest}")
     t = res["targets"]
     lines.append("")
-    lines.append(f"targets: best fused ({t['best_fused']}) = {t['best_fused_vs_bound']:.2f}x bound (<=1.5, stretch 1.2); "
+    lines.append(f"targets: best fused ({t['best_fused']}) = {t['best_fused_vs_bound']:.2f}x bound "
+                 "(<=1.5, stretch 1.2); "
                  f"fused/unfused for best kind ({t['best_kind']}) = {t['fused_over_unfused_best_kind']:.2f} (<=1); "
                  f"metaschedule/dlight fused = {_f(t['ms_over_dlight_fused'], '.2f')} (<=1); "
                  f"seeded worst kernel/dlight = {_f(t['seeded_worst_kernel_vs_dlight'], '.2f')} (<=1); "

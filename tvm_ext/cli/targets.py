@@ -32,7 +32,8 @@ def format_host(desc: dict | None = None) -> str:
         f"physical cores: {d['physical_cores']} (logical {d['logical_cpus']})",
         f"avx512vnni:     {'yes' if d['avx512vnni'] else 'no'}",
         f"avxvnni:        {'yes' if d['avxvnni'] else 'no'}",
-        "amx:            " + (" ".join(f"{k}={'yes' if d.get(k) else 'no'}" for k in ("amx_tile", "amx_int8", "amx_bf16"))),
+        "amx:            " + " ".join(f"{k}={'yes' if d.get(k) else 'no'}"
+                                      for k in ("amx_tile", "amx_int8", "amx_bf16")),
     ]
     if d["mattr"]:
         hidden = [f for f in d["mattr"] if f.startswith("-")]

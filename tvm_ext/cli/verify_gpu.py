@@ -74,7 +74,8 @@ def format_table(doc: dict) -> str:
     tot = doc["total"]
     lines = [f"verify-gpu {doc.get('workload', '(merged)')}  arch {doc['arch']}  "
              f"{doc['samples_per_task']} samples per task",
-             render(["task", "n", "acc+ok", "acc+FAIL", "rej+ok", "rej+fail", "agree"], rows + [None, row("total", tot)]),
+             render(["task", "n", "acc+ok", "acc+FAIL", "rej+ok", "rej+fail", "agree"],
+                    rows + [None, row("total", tot)]),
              "",
              "rejection reasons (ours): " + (", ".join(f"{k} {v}" for k, v in tot["reasons"].items()) or "none")]
     if tot["rejected_compiles_reasons"]:

@@ -231,4 +231,5 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
                     layers, layout, digest, params)
 
 
-__all__ = ["Imported", "import_onnx", "workload_name", "parse_shapes", "load", "check_supported", "input_shape", "check_layout", "emit"]
+__all__ = ["Imported", "import_onnx", "workload_name", "parse_shapes", "load", "check_supported", "input_shape",
+           "check_layout", "emit"]

@@ -25,7 +25,8 @@ from tvm_ext.tune.builder import BUILD_TIMEOUT_S, fast_local_builder, make_build
 from tvm_ext.tune.database import (DB_FILES, META_FILE, DatabaseCorrupt, DatabaseMismatch,
                                    DatabaseState, WorkDirError, best_record, check_database,
                                    check_instructions,
-                                   SAVED_ROOT, WORK_ROOT, databases_root, default_work_dir, open_database, prepare_work_dir, read_meta,
+                                   SAVED_ROOT, WORK_ROOT, databases_root, default_work_dir, open_database,
+                                   prepare_work_dir, read_meta,
                                    record_seconds, records_of, repair_database, write_meta)
 from tvm_ext.tune.driver import (Task, add_tuning_seconds, extract_tasks, load_tasks, report,
                                  save_tasks, task_logger, tune, tune_task)

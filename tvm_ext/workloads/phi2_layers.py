@@ -213,7 +213,6 @@ def projector(bb, dtype, compute="float"):
     ``gelu``).  ``compute="float"``: ``linear`` (dequantize, matmul, add; fused later).
     ``compute="int8"``: activations quantized per group to int8 (once per distinct ``x``) and
     the hand-scheduled int8 GEMV of ``tvm_ext.workloads.q4_int8`` (AVX2; one token, float32)."""
-    from tvm import relax
 
     if compute not in COMPUTES:
         raise ValueError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}")
