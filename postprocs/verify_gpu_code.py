@@ -379,7 +379,7 @@ class VerifyGPUCode(PyPostproc):
     where its verifier still sees them.  It used to be on (8, ``VTHREAD_POLICY``); in a
     search it rejected more candidates than every other check together, so the search
     sampled ~1.6x as many candidates as with the built-in for the same accepted batch
-    (resnet50 conv task, tuning_logs/README.md, issue 16).
+    (resnet50 conv task, docs/journal.md, issue 16).
     """
 
     def __init__(self, log: ReasonLog | None = None, vthread_limit: int | None = None) -> None:

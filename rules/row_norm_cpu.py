@@ -9,7 +9,7 @@ that; softmax does not match (its ``exp`` block writes a whole ``rows x D`` inte
 Why: dlight's CPU Reduction rule computes the row statistics at the output's inner loop, so
 each of Phi-2's 2560 outputs recomputes both reductions over the 2560 inputs: 7 ms per decode
 LayerNorm, 40 % of a decode step with DequantGEMV, where the unscheduled kernel takes ~0.01 ms
-(``tvm-ext generate``, tuning_logs/README.md).  This schedule keeps the unscheduled kernel's
+(``tvm-ext generate``, docs/journal.md).  This schedule keeps the unscheduled kernel's
 order -- each statistic computed once per row, before that row's outputs -- with the rows
 fused and parallel when there are several (prefill), each statistic computed at its row, and
 the output's trailing axis vectorized.  The reductions stay serial, in the order of the

@@ -156,7 +156,7 @@ def _tracked_sizes():
 
 def test_tracked_tree_fits_the_budget():
     """A GPU lease carries at most 64 MiB per call; the tree keeps 48 MiB of it for TVM's runtime,
-    built kernels and inputs (tuning_logs/README.md, 'Saved databases')."""
+    built kernels and inputs (docs/journal.md, 'Saved databases')."""
     sizes = _tracked_sizes()
     total = sum(sizes.values())
     largest = ", ".join(f"{p} {n / 2**20:.2f} MiB" for p, n in sorted(sizes.items(), key=lambda x: -x[1])[:5])

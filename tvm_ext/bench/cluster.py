@@ -6,7 +6,7 @@ thread pool at 1; the local run is ``tvm-ext tune`` pinned the same way, so ever
 compute per node. Every run starts from an empty work dir and must end with the same tasks at the
 same budget. Per run: wall seconds, the seconds its tasks took on their nodes, and the parts that
 stay serial (task extraction; what the driver adds); the model ``T(N) = serial + max(sum of task
-seconds / N, longest task)`` is fitted on them and evaluated for larger N (tuning_logs/README.md).
+seconds / N, longest task)`` is fitted on them and evaluated for larger N (docs/journal.md).
 """
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ BROADCAST = "vector_width:broadcast"
 
 def same_reasons(unstaged: dict, committed: dict) -> bool:
     """True when today's unstaged reasons are the committed ones, allowing for the one
-    audited change since verify-gpu.json was written (tuning_logs/README.md: broadcasts are
+    audited change since verify-gpu.json was written (docs/journal.md: broadcasts are
     checked on the code the CUDA codegen receives, commit 8eb36e4): some candidates it
     rejected for a broadcast although they compile are accepted now, nothing else moved."""
     before = dict(committed.get("reasons", {}))

@@ -5,7 +5,7 @@ A MetaSchedule task depends on no other task, and all of a job's time is in its 
 8 trials spent 227 of its 231 s inside them, task extraction well under 1 s. A task travels as one
 message of 16-51 KB (its module and records) and comes back as a few KB of records, where farming
 out single builds would ship every candidate's module and keep every search serial on the driver.
-On 2 single-core nodes that gave 1.83x one node's speed (tuning_logs/README.md, the cluster section,
+On 2 single-core nodes that gave 1.83x one node's speed (docs/journal.md, the cluster section,
 with the model for more nodes and what a 100-node job would need).
 
 The driver (``tune_on_cluster``) extracts the tasks, keeps the work dir's one JSONDatabase, and
