@@ -116,16 +116,19 @@ class LocalCluster:
             proc.wait()
 
     def stop(self) -> None:
-        for proc in [*self.workers, self.scheduler]:
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-        for proc in [*self.workers, self.scheduler]:
-            if proc is not None:
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        """The workers first (they say goodbye to the scheduler), then the scheduler; a process
+        still there after 3 s is killed."""
+        for group in (self.workers, [self.scheduler]):
+            for proc in group:
+                if proc is not None and proc.poll() is None:
+                    proc.terminate()
+            for proc in group:
+                if proc is not None:
+                    try:
+                        proc.wait(timeout=3)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __enter__(self):
