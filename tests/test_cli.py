@@ -348,7 +348,7 @@ def test_tune_starts_from_the_saved_database(tuned_for, tuned, tmp_path, monkeyp
     report = json.loads(out)
     assert report["tasks"][0]["trials"] == 3
     if tuned_for == "this CPU":
-        assert f"starting from the records committed in {saved}" in err
+        assert f"starting from the records saved in {saved}" in err
         assert "1/3 trials" not in err and "2/3 trials, tuning 1" in err  # the saved two records, one more
     else:
         assert f"{saved} was tuned on another CPU" in err and "measured here first" in err

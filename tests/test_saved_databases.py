@@ -168,3 +168,32 @@ def test_saved_databases_are_compressed():
     plain = [p for p in _tracked_sizes() if p.startswith("tuning_logs/")
              and any(Path(p).match(pattern) for pattern in ("*/database_*.json", "*/tasks/*.json"))]
     assert not plain, f"save these with 'tvm-ext save' (compressed): {plain[:5]}"
+
+
+def test_a_run_starts_from_the_saved_database_of_the_closest_cpu(tmp_path):
+    """find_saved: the database tuned for exactly this target, else the same vendor's (issue 35:
+    a newcomer's first run starts from the closest machine's schedules, measured there first)."""
+    import json
+
+    from tvm_ext.targets import resolve_target
+    from tvm_ext.tune.save import find_saved
+
+    root = tmp_path / "logs"
+    for name, mcpu in (("toy-llvm-plugin", "cascadelake"), ("toy-znver4-llvm-plugin", "znver4"),
+                       ("toy-sapphire-llvm-plugin", "sapphirerapids")):
+        path = str(root / name)
+        toy_work_dir(path, {"k": toy_mod(lambda x: x + 1)})
+        commit(D.open_database(path), toy_mod(lambda x: x + 1), 1e-3)
+        meta = D.read_meta(path)
+        meta["target"] = {"kind": "llvm", "mcpu": mcpu, "num-cores": 2}
+        Path(path, D.META_FILE).write_text(json.dumps(meta))
+        packed.pack(path)
+    znver5 = resolve_target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+    assert find_saved("toy", "plugin", {}, znver5, root=str(root)) == (str(root / "toy-znver4-llvm-plugin"), False)
+    icelake = resolve_target({"kind": "llvm", "mcpu": "icelake-server", "num-cores": 2})
+    assert find_saved("toy", "plugin", {}, icelake, root=str(root))[0].endswith(("toy-llvm-plugin",
+                                                                                 "toy-sapphire-llvm-plugin"))
+    cascade = resolve_target({"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2})
+    assert find_saved("toy", "plugin", {}, cascade, root=str(root)) == (str(root / "toy-llvm-plugin"), True)
+    assert find_saved("toy", "upstream", {}, cascade, root=str(root)) == (
+        None, "no saved database of this workload and rule set")

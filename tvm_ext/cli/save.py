@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
                    help="a work dir (e.g. tvm_ext_work/resnet50-int8-llvm-plugin), a directory of databases "
                         "(tvm_ext_work/phi2-decode-llvm-fused) or a bench JSON")
     p.add_argument("--to", default=None, metavar="DIR", help="where to save (default tuning_logs)")
+    p.add_argument("--name", default=None,
+                   help="save one PATH under this name, e.g. resnet50-int8-nchwc-znver5-llvm-plugin beside the "
+                        "database of another CPU (tune starts from the saved database of the closest CPU)")
     p.set_defaults(func=run)
 
 
@@ -25,6 +28,8 @@ def run(args) -> int:
     from tvm_ext.tune.database import SAVED_ROOT
     from tvm_ext.tune.save import save
 
+    if args.name and len(args.paths) > 1:
+        raise ValueError("--name saves one PATH")
     for path in args.paths:
-        save(path, root=args.to or SAVED_ROOT, log=log)
+        save(path, root=args.to or SAVED_ROOT, log=log, name=args.name)
     return 0

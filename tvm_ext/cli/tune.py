@@ -192,41 +192,31 @@ def _nonempty(path: str) -> bool:
 
 
 def start_from_committed(args, target, work_dir: str, options: dict, key: str, transfer: bool = True) -> str | None:
-    """The committed database for this workload and rule set: copied into the new work dir when
-    it was tuned for exactly this target; returned (to transfer its best schedules from, each
-    measured here) when it was tuned on another CPU whose instructions this one has; otherwise
-    None, saying why tuning starts from scratch."""
+    """The saved database for this workload and rule set (``tune.save.find_saved``): copied into
+    the new work dir when it was tuned for exactly this target; returned (to transfer its best
+    schedules from, each measured here) when it was tuned on the closest other CPU whose
+    instructions this one has; otherwise None, saying why tuning starts from scratch."""
     import shutil
 
-    from tvm_ext import tune as tuning
-    from tvm_ext.targets import target_mismatch
+    from tvm_ext.tune.save import find_saved
 
-    committed = tuning.default_work_dir(key, target, args.ruleset, root=COMMITTED_ROOT)
-    if not _nonempty(committed):
+    saved, exact = find_saved(key, args.ruleset, options, target, root=COMMITTED_ROOT)
+    if saved is None:
+        if exact != "no saved database of this workload and rule set":
+            log(f"not reusing a saved database: {exact}; tuning for this machine from scratch")
         return None
-    try:
-        meta = tuning.read_meta(committed)
-    except ValueError:
+    if exact:
+        shutil.copytree(saved, work_dir, ignore=shutil.ignore_patterns("logs"), dirs_exist_ok=True)
+        log(f"starting from the records saved in {saved} (tuned for this target)")
         return None
-    mismatch = target_mismatch(meta["target"], target)
-    if meta.get("options") != options:
-        log(f"not reusing {committed}: options {meta.get('options')}; tuning for this machine from scratch")
-        return None
-    if mismatch is None:
-        shutil.copytree(committed, work_dir, ignore=shutil.ignore_patterns("logs"), dirs_exist_ok=True)
-        log(f"starting from the records committed in {committed} (tuned for this target)")
-        return None
+    from tvm_ext import tune as tuning
+
+    mcpu = tuning.read_meta(saved)["target"].get("mcpu")
     if not transfer:
-        log(f"not reusing {committed}: {mismatch} (a cluster run tunes from scratch)")
+        log(f"not reusing {saved}: tuned for another CPU ({mcpu}; a cluster run tunes from scratch)")
         return None
-    try:
-        tuning.check_instructions(committed, target)
-    except tuning.DatabaseMismatch as err:
-        log(f"not reusing {committed}: {err}; tuning for this machine from scratch")
-        return None
-    log(f"{committed} was tuned on another CPU ({meta['target'].get('mcpu')}): its best schedules start "
-        "this run, each measured here first")
-    return committed
+    log(f"{saved} was tuned on another CPU ({mcpu}): its best schedules start this run, each measured here first")
+    return saved
 
 
 def run_build_only(args, target) -> int:

@@ -38,13 +38,15 @@ def _check_complete(directory: str, shown: str) -> None:
                                "resume it with the same tune/bench command, then save")
 
 
-def save(source: str, root: str = SAVED_ROOT, log=print) -> str:
+def save(source: str, root: str = SAVED_ROOT, log=print, name: str | None = None) -> str:
     """Save ``source`` (a work dir, a directory of kernel databases or a bench JSON) as
-    ``root/<its name>``, replacing an older save of the same name; returns that path."""
+    ``root/<name>`` (default: its own name), replacing an older save of that name; returns it."""
     source = os.path.normpath(source)
     if not os.path.exists(source):
         raise DatabaseMismatch(f"{source}: no such file or directory")
-    dest = os.path.join(root, os.path.basename(source))
+    if name is not None and (not name or os.sep in name or name in (".", "..")):
+        raise DatabaseMismatch(f"--name {name!r}: a plain file or directory name")
+    dest = os.path.join(root, name or os.path.basename(source))
     try:
         os.makedirs(root, exist_ok=True)
         if os.path.isfile(source):
@@ -97,4 +99,53 @@ def _replace(staging: str, dest: str) -> None:
         shutil.rmtree(old)
 
 
-__all__ = ["save"]
+def _vendor(mcpu) -> str:
+    return "amd" if str(mcpu or "").startswith(("znver", "bdver", "btver", "amdfam")) else "intel"
+
+
+def find_saved(workload: str, ruleset: str, options: dict, target, root: str = SAVED_ROOT) -> tuple:
+    """The saved database a new tuning run of ``workload`` should start from: ``(path, exact)``.
+
+    Among the saved work dirs of the same workload, options, rule set and target kind (any name:
+    ``resnet50-int8-nchwc-llvm-plugin``, ``resnet50-int8-nchwc-znver5-llvm-plugin``, ...): one tuned
+    for exactly this target (``exact``: copy it), else the closest CPU whose instructions this one
+    has -- the same mcpu, then the same vendor, then the one with the most records (its schedules
+    are measured here before they are trusted). ``(None, why)`` when there is none."""
+    import glob
+
+    from tvm_ext.targets import target_mismatch, target_to_json
+    from tvm_ext.tune.database import check_instructions
+
+    here = target_to_json(target)
+    found, refused = [], []
+    for meta_path in sorted(glob.glob(os.path.join(root, "*", META_FILE))):
+        path = os.path.dirname(meta_path)
+        try:
+            meta = read_meta(path)
+        except ValueError:
+            continue
+        if (meta.get("workload"), meta.get("ruleset"), meta.get("options")) != (workload, ruleset, options) \
+                or meta["target"].get("kind") != here.get("kind"):
+            continue
+        if target_mismatch(meta["target"], target) is None:
+            return path, True
+        try:
+            check_instructions(path, target)
+        except DatabaseMismatch as err:
+            refused.append(str(err))
+            continue
+        mcpu = meta["target"].get("mcpu")
+        records = sum(1 for _ in open_lines(path))
+        found.append(((mcpu == here.get("mcpu"), _vendor(mcpu) == _vendor(here.get("mcpu")), records), path))
+    if found:
+        return max(found)[1], False
+    return None, (refused[0] if refused else "no saved database of this workload and rule set")
+
+
+def open_lines(path: str):
+    from tvm_ext.tune.database import RECORDS  # pylint: disable=import-outside-toplevel
+
+    return packed.read_bytes(os.path.join(path, RECORDS)).splitlines()
+
+
+__all__ = ["find_saved", "save"]
