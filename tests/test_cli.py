@@ -382,5 +382,7 @@ def test_bench_times_openvino_beside_ort(tuned, tmp_path):
     assert rows[1]["max_step"] <= 1  # ORT: the same file, exact but for rounding
     assert ov["ov"]["version"] and ov["threads"] >= 1 and ov["ov"]["inference_precision"]
     assert "ov: output differs from the exact reference" in err and "\nov " in stdout
+    import openvino.tools.ovc.telemetry_utils as ov_telemetry  # OpenVINO sends nothing from our process
+    assert sys.modules.get("openvino_telemetry") is None and ov_telemetry.tm.__name__.endswith("telemetry_stub")
     code, _, err = cli("bench", "conv2d-int8", *SMALL, "--peers", "openvino", check=False)
     assert code == 2 and "unknown peer 'openvino'; known: ort, ov, tvm-onnx" in err

@@ -93,6 +93,21 @@ def ort_network(workload, threads: int, log=print):
     return (lambda: sess.run(None, feed)), diff, weights
 
 
+def _openvino():
+    """``import openvino`` without its telemetry. OpenVINO imports its converter, which imports
+    ``openvino_telemetry``; that sends usage data to Google Analytics without asking, from a thread
+    that forks a process (session 18: that fork deadlocked in OpenBLAS's fork handler in the middle
+    of a bench). With the module blocked before the first import, the converter falls back to its
+    own no-op stub. Too late when the process imported OpenVINO before: then it is left as it is."""
+    import sys
+
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)  # its import raises ImportError: the stub is used
+    import openvino
+
+    return openvino
+
+
 def ov_network(workload, threads: int, log=print):
     """(callable running the workload's network in OpenVINO's CPU plugin, diff of its output vs the
     reference, settings): the same ONNX model ORT runs (``peer_model``), compiled with the latency
@@ -110,7 +125,7 @@ def ov_network(workload, threads: int, log=print):
 
     if importlib.util.find_spec("openvino") is None:
         raise ValueError("--peers ov needs OpenVINO: pip install -e '.[bench]'")
-    import openvino as ov
+    ov = _openvino()
 
     model, input_name, output, diff_of, weights, source = peer_model(workload, "ov")
     core = ov.Core()
