@@ -132,7 +132,14 @@ def ov_network(workload, threads: int, log=print):
     with tempfile.TemporaryDirectory(prefix="tvm_ext_ov_") as tmp:
         path = os.path.join(tmp, "model.onnx")
         onnx.save(model, path)
-        compiled = core.compile_model(core.read_model(path), "CPU",
+        try:
+            read = core.read_model(path)
+        except RuntimeError as err:  # e.g. com.microsoft.QLinearAdd, which the exported ResNet-50s use
+            last = [ln.strip() for ln in str(err).splitlines() if ln.strip()][-1:]
+            raise ValueError(f"--peers ov: OpenVINO cannot read {workload.name}'s ONNX model "
+                             f"({last[0] if last else err}); it runs ONNX files with standard ops, "
+                             "e.g. a QDQ model") from None
+        compiled = core.compile_model(read, "CPU",
                                       {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": int(threads),
                                        "INFERENCE_PRECISION_HINT": "f32"})
     request = compiled.create_infer_request()
