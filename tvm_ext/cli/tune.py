@@ -206,7 +206,10 @@ def start_from_committed(args, target, work_dir: str, options: dict, key: str, t
             log(f"not reusing a saved database: {exact}; tuning for this machine from scratch")
         return None
     if exact:
+        from tvm_ext.tune import packed
+
         shutil.copytree(saved, work_dir, ignore=shutil.ignore_patterns("logs"), dirs_exist_ok=True)
+        packed.unpack(work_dir)  # a work dir is plain JSON: this run and later ones append to it
         log(f"starting from the records saved in {saved} (tuned for this target)")
         return None
     from tvm_ext import tune as tuning
