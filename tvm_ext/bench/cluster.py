@@ -10,6 +10,7 @@ seconds / N, longest task)`` is fitted on them and evaluated for larger N (docs/
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -29,13 +30,14 @@ def _local(workload: str, target_json: str, trials: int, work_dir: str, log) -> 
            "--trials", str(trials), "--work-dir", work_dir]
     start = time.time()
     proc = subprocess.run(cmd, env=_pinned_env(), capture_output=True, text=True)
+    wall = time.time() - start
     if proc.returncode:
         raise RuntimeError(f"local run failed: {proc.stderr.strip().splitlines()[-1:]}")
-    log(f"local (1 core): {time.time() - start:.0f} s")
-    return time.time() - start
+    log(f"local (1 core): {wall:.0f} s")
+    return wall
 
 
-def _cluster(workload, target, trials: int, work_dir: str, nodes: int, log) -> tuple[float, float]:
+def _cluster(workload, target, trials: int, work_dir: str, nodes: int, log) -> float:
     from tvm_ext.cluster.local import LocalCluster
     from tvm_ext.cluster.tune import tune_on_cluster
 
@@ -52,14 +54,13 @@ def _row(label: str, nodes: int, wall: float, work_dir: str) -> dict:
     from tvm_ext import tune as tuning
 
     rep = tuning.report(work_dir)
-    task_s = [t["tuning_s"] or 0.0 for t in rep["tasks"]]
+    task_s = {t["name"]: t["tuning_s"] or 0.0 for t in rep["tasks"]}
     per_node = {}
     for t in rep["tasks"]:
-        per_node[t.get("node", "local")] = per_node.get(t.get("node", "local"), 0.0) + (t["tuning_s"] or 0.0)
-    return {"run": label, "nodes": nodes, "wall_s": round(wall, 1), "tasks": len(rep["tasks"]),
-            "task_s": {t["name"]: t["tuning_s"] or 0.0 for t in rep["tasks"]},
-            "trials": sorted({t["trials"] for t in rep["tasks"]}), "task_s_sum": round(sum(task_s), 1),
-            "longest_task_s": round(max(task_s, default=0.0), 1),
+        per_node[t.get("node", "local")] = per_node.get(t.get("node", "local"), 0.0) + task_s[t["name"]]
+    return {"run": label, "nodes": nodes, "wall_s": round(wall, 1), "tasks": len(rep["tasks"]), "task_s": task_s,
+            "trials": sorted({t["trials"] for t in rep["tasks"]}), "task_s_sum": round(sum(task_s.values()), 1),
+            "longest_task_s": round(max(task_s.values(), default=0.0), 1),
             "busy_s_per_node": {k: round(v, 1) for k, v in sorted(per_node.items())},
             "e2e_estimate_ms": None if rep["e2e_us"] is None else round(rep["e2e_us"] / 1e3, 3)}
 
@@ -81,7 +82,7 @@ def run(workload_name: str = "resnet50-int8", trials: int = 8, nodes=(1, 2), loc
 
     host = describe_host()
     target = resolve_target({"kind": "llvm", "mcpu": host.get("mcpu") or "x86-64", "num-cores": 1})
-    target_json = __import__("json").dumps({"kind": "llvm", "mcpu": str(target.attrs["mcpu"]), "num-cores": 1})
+    target_json = json.dumps({"kind": "llvm", "mcpu": str(target.attrs["mcpu"]), "num-cores": 1})
     workload = workloads.get(workload_name)
     start = time.time()
     tasks = tuning.extract_tasks(workload, target)

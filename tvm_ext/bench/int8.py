@@ -41,14 +41,10 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         runs[key], row = _network(net, ruleset, row_target, trials, from_logs, work_root, key, log)
         rows.append(row)
     threads = peer_module().threads_of(target)
-    if "ort" in peers:
-        runs["ort"], diff, weights = peer_module().ort_network(workload, threads, log)
-        rows.append({"ruleset": "ort", "exact_match": False, "threads": threads, "ort_weights": weights,
-                     "max_step": diff["max_step"], "frac_differ": diff["frac_differ"]})
-    if "ov" in peers:
-        runs["ov"], diff, settings = peer_module().ov_network(workload, threads, log)
-        rows.append({"ruleset": "ov", "exact_match": False, "threads": threads, "ov": settings,
-                     "max_step": diff["max_step"], "frac_differ": diff["frac_differ"]})
+    for peer, network, about in (("ort", "ort_network", "ort_weights"), ("ov", "ov_network", "ov")):
+        if peer in peers:  # ONNX runtimes on the same network: its distance from the reference, in steps
+            runs[peer], diff, info = getattr(peer_module(), network)(workload, threads, log)
+            rows.append({"ruleset": peer, "exact_match": False, "threads": threads, about: info, **diff})
     if "tvm-onnx" in peers:
         runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)
         rows.append({"ruleset": "tvm-onnx", "exact_match": False, **diff})

@@ -28,10 +28,11 @@ import time
 from typing import Callable
 
 import tvm
+import tvm_ffi
 
 from tvm_ext.targets import target_to_json
 from tvm_ext.tune.database import (RECORDS, best_record, open_database, prepare_work_dir, record_seconds,
-                                   record_texts, records_of)
+                                   record_lines, records_of)
 from tvm_ext.tune.driver import _duration, add_tuning_seconds, extract_tasks, report, save_tasks
 from tvm_ext.tune.search import TuningInterrupted
 
@@ -110,12 +111,15 @@ def tune_on_cluster(workload, target, work_dir: str, trials: int, client, rulese
     save_tasks(work_dir, meta, tasks)
     database = open_database(work_dir)
     by_name = {t.name: (i, t) for i, t in enumerate(tasks, 1)}
+    texts = {}  # the records each module has, as JSON text, from one read of the records file
+    for shash, line in record_lines(work_dir):
+        texts.setdefault(shash, []).append(json.dumps(json.loads(line)[1]))
     pending, jobs = {}, {}
     for i, task in enumerate(tasks, 1):
         done = records_of(database, task.mod)
         if len(done) < trials:
-            jobs[task.name] = _job(task, i, target, ruleset, trials - len(done), record_texts(work_dir, task.mod),
-                                   seed, per_iter, rpc)
+            jobs[task.name] = _job(task, i, target, ruleset, trials - len(done),
+                                   texts.get(str(tvm_ffi.structural_hash(task.mod)), []), seed, per_iter, rpc)
     left = sum(j["trials"] for j in jobs.values())
     log(f"{len(tasks)} tasks, {trials * len(tasks) - left} of {trials * len(tasks)} trials already in the "
         f"database; {len(jobs)} tasks to tune on {_describe(client)}")

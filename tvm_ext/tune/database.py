@@ -416,21 +416,21 @@ def records_of(database, mod: tvm.IRModule) -> list:
             if r.workload.same_as(workload) or tvm_ffi.structural_hash(r.workload.mod) == shash]
 
 
-def record_texts(work_dir: str, mod: tvm.IRModule) -> list[str]:
-    """The JSON text of every record of ``mod`` in the work dir's records file, as written
-    (``TuningRecord.as_json`` cannot convert every trace back to Python: an IndexMap fails)."""
-    wanted = str(tvm_ffi.structural_hash(mod))
-    workloads = {i for i, line in enumerate(_read_bytes(os.path.join(work_dir, WORKLOADS)).splitlines())
-                 if line.strip() and json.loads(line)[0] == wanted}
-    texts = []
-    for line in _read_bytes(os.path.join(work_dir, RECORDS)).splitlines():
+def record_lines(work_dir: str) -> list[tuple[str, bytes]]:
+    """(structural hash of its module, the line as written, newline included) of every complete
+    record line of the work dir, in file order: records by module read without TVM (``prune``
+    keeps lines by it; a cluster job sends a task's records as they are, which
+    ``TuningRecord.as_json`` cannot always give back: an IndexMap fails)."""
+    # line i of the workload file is workload i (check_database refuses a blank or broken one)
+    hashes = [json.loads(line)[0] for line in _read_bytes(os.path.join(work_dir, WORKLOADS)).splitlines()]
+    out = []
+    for line in _read_bytes(os.path.join(work_dir, RECORDS)).splitlines(keepends=True):
         try:
-            index, record = json.loads(line)
+            index = json.loads(line)[0]
         except ValueError:  # an incomplete last line a kill left: not a record
             continue
-        if index in workloads:
-            texts.append(json.dumps(record))
-    return texts
+        out.append((hashes[index], line))
+    return out
 
 
 def best_record(database, mod: tvm.IRModule):

@@ -11,14 +11,13 @@ A saved (compressed) database is unpacked for this and packed again after.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import tvm_ffi
 
 from tvm_ext.tune import packed
 from tvm_ext.tune.database import (RECORDS, WORKLOADS, _env_error, _load, _unpack, check_database, check_writable,
-                                   read_meta, records_of)
+                                   read_meta, record_lines, records_of)
 from tvm_ext.tune.driver import load_tasks
 
 
@@ -46,11 +45,8 @@ def _prune(work_dir: str, meta: dict) -> tuple[int, int]:
     mods = [task.mod for task in load_tasks(work_dir, meta)]
     paths = {name: os.path.join(work_dir, name) for name in (WORKLOADS, RECORDS)}
     wanted = {str(tvm_ffi.structural_hash(mod)) for mod in mods}
-    with open(paths[WORKLOADS], "rb") as f:
-        keep = {i for i, line in enumerate(f.read().splitlines()) if json.loads(line)[0] in wanted}
-    with open(paths[RECORDS], "rb") as f:
-        lines = f.read().splitlines(keepends=True)
-    kept = [line for line in lines if json.loads(line)[0] in keep]
+    lines = record_lines(work_dir)
+    kept = [line for shash, line in lines if shash in wanted]
     tmp = paths[RECORDS] + ".prune.tmp"
     try:
         with open(tmp, "wb") as f:

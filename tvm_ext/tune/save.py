@@ -135,17 +135,11 @@ def find_saved(workload: str, ruleset: str, options: dict, target, root: str = S
             refused.append(str(err))
             continue
         mcpu = meta["target"].get("mcpu")
-        records = sum(1 for _ in open_lines(path))
+        records = check_database(path).records
         found.append(((mcpu == here.get("mcpu"), _vendor(mcpu) == _vendor(here.get("mcpu")), records), path))
     if found:
         return max(found)[1], False
     return None, (refused[0] if refused else "no saved database of this workload and rule set")
-
-
-def open_lines(path: str):
-    from tvm_ext.tune.database import RECORDS  # pylint: disable=import-outside-toplevel
-
-    return packed.read_bytes(os.path.join(path, RECORDS)).splitlines()
 
 
 __all__ = ["find_saved", "save"]

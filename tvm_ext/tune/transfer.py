@@ -59,11 +59,16 @@ def reuse_schedules(old_tasks, new_tasks, database, target, runner, builder=None
         except RuntimeError as err:  # built or ran wrong: that task starts from nothing
             log(f"{name}: its old schedule failed on the new TIR ({str(err).splitlines()[0]}); tuned from scratch")
             continue
-        database.commit_tuning_record(ms.database.TuningRecord(
-            sch.trace, database.commit_workload(task.mod), run_secs=[float(secs)], target=target,
-            args_info=ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+        commit_measured(database, task.mod, sch, secs, target)
         committed += 1
     return committed
+
+
+def commit_measured(database, mod: tvm.IRModule, sch, secs: float, target) -> None:
+    """Commit schedule ``sch`` of ``mod`` as a record with the ``secs`` this machine measured."""
+    database.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, database.commit_workload(mod), run_secs=[float(secs)], target=target,
+        args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
 
 
 def transfer_schedules(source_dir: str, tasks, database, target, runner, top_k: int = 2, builder=None,
@@ -98,11 +103,8 @@ def transfer_schedules(source_dir: str, tasks, database, target, runner, top_k: 
         except RuntimeError as err:
             log(f"{task.name}: a transferred schedule failed here ({str(err).splitlines()[0]}); tuned from scratch")
             continue
-        workload = database.commit_workload(task.mod)
         for k, sch in enumerate(schedules):
-            database.commit_tuning_record(ms.database.TuningRecord(
-                sch.trace, workload, run_secs=[float(secs[f"{task.name}#{k}"])], target=target,
-                args_info=ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+            commit_measured(database, task.mod, sch, secs[f"{task.name}#{k}"], target)
             committed += 1
     return committed
 
