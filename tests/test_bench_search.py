@@ -1,7 +1,7 @@
 """``tvm-ext bench-search``: the JSON document of a tiny run, and one line for bad flags.
 
 No timing is asserted here (timings never in tests): only that every configuration was
-measured, with candidates, per-postproc costs and the ratios the README table reads."""
+measured, with candidates, per-postproc costs and the ratios the table in docs/guide.md reads."""
 import json
 
 import pytest

@@ -1,6 +1,6 @@
 """What our pieces do that TVM 0.27's built-in ones do not, each shown side by side.
 
-The README's "What it adds to TVM" cites these tests (and tuning_logs/ for measurements).
+docs/guide.md's "What it adds to TVM" cites these tests (and tuning_logs/ for measurements).
 """
 import tvm
 import tvm_ffi

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Call 2 (carry .lent2, after call 1 staged .lent: see README): the host's int8 flags, tvm-ext targets, and the AMX / VNNI tests that skip
+# Call 2 (carry .lent2, after call 1 staged .lent: see tools/lent-machine/README.md): the host's int8 flags, tvm-ext targets, and the AMX / VNNI tests that skip
 # on hosts without them (the 3 deselected ones tune).
 set -u
 exec > >(tee -a "$OUT/checks.log") 2>&1

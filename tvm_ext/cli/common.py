@@ -30,10 +30,9 @@ def check_device(target, what: str, remote_ok: bool = True) -> None:
 
     if target.kind.name != "cuda" or tvm.cuda(0).exist:
         return
-    ways = "--build-only (compile every candidate with nvcc, run nothing)" if remote_ok else \
-        "--build-only (phi2-decode/phi2-prefill: compile every kernel with nvcc)"
-    if remote_ok:
-        ways += " or --rpc-tracker HOST:PORT --rpc-key KEY (measure on a GPU machine)"
+    ways = ("--build-only (compile every candidate with nvcc, run nothing) or --rpc-tracker HOST:PORT --rpc-key KEY "
+            "(measure on a GPU machine)" if remote_ok
+            else "--build-only (phi2-decode/phi2-prefill: compile every kernel with nvcc)")
     raise ValueError(f"{what} for cuda needs a GPU, and this machine has none; use {ways}")
 
 
