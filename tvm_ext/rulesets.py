@@ -8,7 +8,8 @@
                      with AVX2 but no VNNI the same rule with the AVX2 intrinsic, which
                      only takes blocks annotated as safe for it (``u8s8_intrin_name``) --
                      and on x86 with AMX int8 our AMX rule + AMXTileConfig in front of those;
-                     on llvm our DequantGEMV (q4 decode GEMV kernels) before MultiLevelTiling.
+                     on llvm our DequantGEMV (q4 decode GEMV kernels) and Q4Int8GEMM (prefill q4 x int8
+                     GEMMs, AVX-512 VNNI) before MultiLevelTiling.
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
 """
@@ -70,14 +71,16 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
 
 
 def with_dequant_gemv(rules: list) -> list:
-    """A copy of ``rules`` with our DequantGEMV (q4 decode GEMV kernels) right before
-    MultiLevelTiling, else at the end (llvm rule sets other than ``upstream``)."""
+    """A copy of ``rules`` with our q4 rules right before MultiLevelTiling, else at the end (llvm
+    rule sets other than ``upstream``): DequantGEMV (decode GEMV kernels) and Q4Int8GEMM (prefill
+    q4 x int8 GEMMs; it offers nothing on targets without AVX-512 VNNI)."""
     from tvm_ext.rules.dequant_gemv import DequantGEMV  # pylint: disable=import-outside-toplevel
+    from tvm_ext.rules.q4_int8_gemm import Q4Int8GEMM  # pylint: disable=import-outside-toplevel
 
     rules = list(rules)
     names = [_name(r) for r in rules]
     idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
-    rules[idx:idx] = [DequantGEMV()]
+    rules[idx:idx] = [DequantGEMV(), Q4Int8GEMM()]
     return rules
 
 

@@ -38,7 +38,8 @@ def schedule(mod, target, how="dlight", database=None):
     module built with ``compute="int8"``, whose int8 kernels come scheduled); ``"tuned"`` by the best
     record of the tuning database ``database``
     (a work dir, read only; default ``DEFAULT_DATABASE``) for the kernels it holds (same
-    structural hash) and dlight for the rest; ``"none"`` leaves the kernels as built (LLVM
+    structural hash) and as ``"rule"`` for the rest (tuned at 0 trials is the untuned rule);
+    ``"none"`` leaves the kernels as built (LLVM
     compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule
     name | "dequant_gemv" | "row_norm_cpu" | "contraction_cpu" |
     "tuned" | "none" | "hand-scheduled"}); the in-place KV write is never scheduled."""
@@ -54,7 +55,7 @@ def schedule(mod, target, how="dlight", database=None):
     if how == "none":
         return mod, used
     for gv, func in list(mod.functions_items()):
-        if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint == "kv_write":
+        if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint in ("kv_write", "kv_write_prompt"):
             continue
         if func.attrs is not None and "tir.is_scheduled" in func.attrs:
             from tvm_ext.workloads.q4_int8 import for_target  # the int8 GEMV's form for this CPU
@@ -65,7 +66,7 @@ def schedule(mod, target, how="dlight", database=None):
             continue
         m = normalize(func)
         best = best_schedule(db, m) if db is not None else None
-        ours = cpu_rule_schedule(m, target) if how in ("rule", "int8") and best is None else None
+        ours = cpu_rule_schedule(m, target) if how in ("rule", "int8", "tuned") and best is None else None
         if best is not None:
             sch_mod, used[gv.name_hint] = best, "tuned"
         elif ours is not None:
@@ -142,10 +143,11 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
             from tvm_ext.workloads.q4_int8 import check_target
 
             check_target(target)  # resolves it as decoder() will ("llvm": this host's CPU)
+    from tvm_ext.targets import describe_host, physical_cores
+
+    threads = int(threads or physical_cores())  # TVM alone would take half the logical CPUs on x86
     _set_threads(threads)
     import tvm
-
-    from tvm_ext.targets import describe_host
 
     dev = tvm.cpu(0)
 
@@ -177,7 +179,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         "bound_tok_s": max(bw_tvm, bw_np) * 1e9 / (weight_bytes + kv_bytes),
         "weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "bandwidth_gbs": max(bw_tvm, bw_np),
         "bandwidth_tvm_gbs": bw_tvm, "bandwidth_numpy_gbs": bw_np,
-        "threads": int(threads or os.environ.get("TVM_NUM_THREADS") or os.cpu_count() or 1),
+        "threads": threads,
         "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
     }
     rows = [dict(common, **r) for r in rows]

@@ -102,12 +102,13 @@ def rule_module(required: bool = False):
 
 def cpu_rule_schedule(mod, target):
     """(name, scheduled module) for the first of our untuned CPU schedules that schedules
-    ``mod``'s ``main`` -- DequantGEMV (projections), row_norm_cpu (LayerNorm), contraction_cpu
-    (attention) -- or None when none does (the "rule" schedules use dlight then).  Each
+    ``mod``'s ``main`` -- DequantGEMV (projections), Q4Int8GEMM (int8 prefill projections), row_norm_cpu
+    (LayerNorm), contraction_cpu (attention) -- or None when none does (the "rule" schedules use dlight then).  Each
     ``untuned`` returns the function it does not match as it was, so one call per rule decides."""
-    from tvm_ext.rules import contraction_cpu, dequant_gemv, row_norm_cpu  # pylint: disable=import-outside-toplevel
+    from tvm_ext.rules import (contraction_cpu, dequant_gemv, q4_int8_gemm,  # pylint: disable=import-outside-toplevel
+                               row_norm_cpu)
 
-    for name, rule in (("dequant_gemv", dequant_gemv), ("row_norm_cpu", row_norm_cpu),
+    for name, rule in (("dequant_gemv", dequant_gemv), ("q4_int8_gemm", q4_int8_gemm), ("row_norm_cpu", row_norm_cpu),
                        ("contraction_cpu", contraction_cpu)):
         scheduled = rule.untuned(mod, target)
         if not scheduled["main"].same_as(mod["main"]):

@@ -4,6 +4,7 @@ memory-bandwidth bound measured in the same run."""
 
 def add_parser(sub) -> None:
     from tvm_ext.cli.common import count
+    from tvm_ext.cli.generate_prompt import PROMPT_DATABASE, SAVED_PROMPT_DATABASE
 
     p = sub.add_parser(
         "generate", help="whole-model Phi-2 q4 decode: tokens/s vs the bandwidth bound",
@@ -19,21 +20,39 @@ def add_parser(sub) -> None:
                         "hidden 256, 4 heads x 64, MLP 1024, vocab 1024 (default full)")
     p.add_argument("--layers", type=count, default=None, help="decoder layers (default 32 full, 2 reduced)")
     p.add_argument("--tokens", type=count, default=16, help="tokens to generate (default 16)")
-    p.add_argument("--context", type=int, default=512,
-                   help="past positions already in the KV cache (random; default 512)")
-    p.add_argument("--schedule", default="dlight",
+    p.add_argument("--context", type=int, default=None,
+                   help="past positions already in the KV cache (random; default 512, with --prompt 0)")
+    p.add_argument("--schedule", default=None,
                    help="comma-separated, each a row of the same run (weights built once): dlight "
                         "(default); rule: tvm_ext's CPU schedules (dequantize-GEMV, LayerNorm, attention) "
                         "for the kernels they match, dlight for the rest; tuned: the best records of "
-                        "--database for the kernels it holds, dlight for the rest; none: unscheduled "
+                        "--database for the kernels it holds, as rule for the rest; none: unscheduled "
                         "kernels (quick checks); int8: as rule, but the projections quantize their "
                         "activations per group of 32 to int8 (integer dot products, AVX2; as ONNX "
                         "Runtime's accuracy_level 4): different numbers, so the row reports its "
                         "tokens and first-step logits against the float rows'")
     p.add_argument("--database", metavar="DIR", default=None,
                    help="tuning work dir for --schedule tuned (default "
-                        "tuning_logs/phi2-decode-llvm-fused/metaschedule)")
-    p.add_argument("--threads", type=count, default=None, help="TVM worker threads (default TVM's)")
+                        "tuning_logs/phi2-decode-llvm-fused/metaschedule; with --prompt "
+                        f"{PROMPT_DATABASE}, else the saved {SAVED_PROMPT_DATABASE} where it exists)")
+    p.add_argument("--prompt", type=count, default=0, metavar="N",
+                   help="prompt processing: N prompt tokens (even) through every layer at once (int8 activations, "
+                        "the q4 x int8 GEMM rule: AVX-512 VNNI), then TOKENS decoded from the cache it wrote; "
+                        "prints prompt tok/s, time to first token, the GEMMs' int8 TOPS against the host's "
+                        "measured vpdpbusd peak, and the float path's tokens (the prompt fed token by token) "
+                        "beside the rows'. --schedule then takes int8 (our rules untuned) and tuned "
+                        "(default both)")
+    p.add_argument("--tune", type=count, default=0, metavar="TRIALS",
+                   help="with --prompt: first tune the prompt's kernels TRIALS trials each (resumable) into "
+                        f"--database (default {PROMPT_DATABASE}; 32 trials: ~15 minutes "
+                        "for a prompt size on 2 cores)")
+    p.add_argument("--peers", default="", metavar="LIST",
+                   help="with --prompt: llama.cpp (its llama-bench built from the llama-cpp-python sdist on first "
+                        "use, ~10 minutes on 2 cores, cached in tvm_ext_work/; a Phi-2-shaped Q4_0 GGUF with "
+                        "random weights) measured in the same run, same threads")
+    p.add_argument("--threads", type=count, default=None,
+                   help="TVM worker threads (default: the physical cores; TVM's own default on x86 is half the "
+                        "logical CPUs, 1 on a 2-vCPU VM)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and the past (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
@@ -48,9 +67,14 @@ def run(args) -> int:
     from tvm_ext.bench.phi2_e2e import decode_e2e_rows
     from tvm_ext.cli.common import log
 
-    schedules = tuple(x.strip() for x in args.schedule.split(",") if x.strip())
+    if args.prompt or args.tune or args.peers:
+        from tvm_ext.cli.generate_prompt import run_prompt
+
+        return run_prompt(args)
+    schedules = tuple(x.strip() for x in (args.schedule or "dlight").split(",") if x.strip())
     if not schedules:
         raise ValueError("--schedule is empty")
+    args.context = 512 if args.context is None else args.context
     if args.context < 0:
         raise ValueError(f"--context must be at least 0, not {args.context}")
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):

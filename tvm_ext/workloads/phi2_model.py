@@ -48,6 +48,7 @@ class Phi2Model:
     seed: int
     mod: object  # lowered (fused) Relax module with embed / layer / head, unscheduled
     compute: str = "float"  # the projections' arithmetic (phi2_layers.projector)
+    prompt: int = 0  # tokens of the compiled prefill (0: none; see ``_build_module``)
 
     def layer_weights(self, i):
         """NumPy weights of layer ``i`` (regenerated on each call)."""
@@ -85,15 +86,20 @@ def check_config(config, layers, capacity):
                          f"Phi-2's window is {MAX_POSITIONS}")
 
 
-def build_model(config="full", layers=None, capacity=512, seed=0, compute="float") -> Phi2Model:
+def build_model(config="full", layers=None, capacity=512, seed=0, compute="float", prompt=0) -> Phi2Model:
     """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe.
     ``compute="int8"``: the projections quantize their activations to int8 (same weights and
-    parameters; ``phi2_layers.projector``)."""
+    parameters; ``phi2_layers.projector``).  ``prompt``: also compile a prefill of that many
+    tokens (even; with int8 its projections are the q4 x int8 GEMM on repacked weights)."""
     layers = DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)
+    prompt = int(prompt)
+    if prompt and (prompt < 2 or prompt % 2 or prompt > capacity):
+        raise ValueError(f"a compiled prefill takes an even number of tokens from 2 to the cache's {capacity}, "
+                         f"not {prompt}")
     cfg = CONFIGS[config]
-    mod, _ = lower(_build_module(cfg, int(capacity), compute), fusion=True)
-    return Phi2Model(config, cfg, layers, int(capacity), int(seed), mod, compute)
+    mod, _ = lower(_build_module(cfg, int(capacity), compute, prompt), fusion=True)
+    return Phi2Model(config, cfg, layers, int(capacity), int(seed), mod, compute, prompt)
 
 
 # --------------------------------------------------------------------------- Relax module
@@ -101,7 +107,8 @@ def _te_embed(token, packed, scale, dtype):
     from tvm import te
 
     _, kw = packed.shape
-    return te.compute((1, 1, kw * 8), lambda b, i, c: q4_value(packed, scale, token[0], c, dtype), name="embed")
+    return te.compute((1, token.shape[0], kw * 8), lambda b, i, c: q4_value(packed, scale, token[i], c, dtype),
+                      name="embed")
 
 
 def _kv_write(capacity, heads, head_dim, dtype):
@@ -118,15 +125,36 @@ def _kv_write(capacity, heads, head_dim, dtype):
     return kv_write
 
 
-def _weight_vars(cfg, names):
-    """Relax parameters for the weights ``names``: {name: Var or (packed, scale, bias) Vars}."""
+def _kv_write_prompt(capacity, tokens, heads, head_dim, dtype):
+    """cache[0, pos[0] + i] = new[0, i] for the ``tokens`` new positions, in place."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True)
+    def kv_write_prompt(cache: T.Buffer((1, capacity, heads, head_dim), dtype),
+                        new: T.Buffer((1, tokens, heads, head_dim), dtype), pos: T.Buffer((1,), "int32")):
+        T.func_attr({"op_pattern": 8, "tirx.noalias": True})  # opaque: never fused
+        for i in T.parallel(tokens):
+            for h, d in T.grid(heads, head_dim):
+                cache[0, pos[0] + i, h, d] = new[0, i, h, d]
+
+    return kv_write_prompt
+
+
+def _weight_vars(cfg, names, repacked=False):
+    """Relax parameters for the weights ``names``: {name: Var or (packed, scale, bias) Vars};
+    ``repacked``: the projections in the layout of ``q4_int8_gemm.repack``."""
     from tvm import relax
 
     d, m, v = cfg["hidden"], cfg["mlp"], cfg["vocab"]
     shapes = {"qkv": (d, 3 * d), "dense": (d, d), "fc1": (d, m), "fc2": (m, d), "lm_head": (d, v)}
     out = {}
     for name in names:
-        if name in shapes:
+        if name in shapes and repacked:
+            k, n = shapes[name]
+            out[name] = (relax.Var(f"{name}_wq", relax.TensorType((n // 16, k // 8, 16), "uint32")),
+                         relax.Var(f"{name}_ws", relax.TensorType((n // 16, k // GROUP, 16), "float32")),
+                         relax.Var(f"{name}_b", relax.TensorType((n,), DTYPE)))
+        elif name in shapes:
             k, n = shapes[name]
             out[name] = (relax.Var(f"{name}_q", relax.TensorType((n, k // 8), "uint32")),
                          relax.Var(f"{name}_s", relax.TensorType((n, k // GROUP), "float16")),
@@ -136,45 +164,56 @@ def _weight_vars(cfg, names):
     return out
 
 
-def _build_module(cfg, capacity, compute="float"):
+def _build_module(cfg, capacity, compute="float", prompt=0):
     from tvm import relax
 
     d, hh, hd = cfg["hidden"], cfg["heads"], cfg["head_dim"]
     bb = relax.BlockBuilder()
-    kv_write = bb.add_func(_kv_write(capacity, hh, hd, DTYPE), "kv_write")
     cache_t = relax.TensorType((1, capacity, hh, hd), DTYPE)
 
-    token = relax.Var("token", relax.TensorType((1,), "int32"))
-    table = _weight_vars(cfg, ("lm_head",))["lm_head"][:2]  # tied embedding (own Vars: one function each)
-    with bb.function("embed", [token, *table]):
-        with bb.dataflow():
-            out = bb.emit_output(bb.emit_te(_te_embed, token, *table, DTYPE, primfunc_name_hint="embed_lookup"))
-        bb.emit_func_output(out)
+    def embed(name, n):
+        token = relax.Var("token", relax.TensorType((n,), "int32"))
+        table = _weight_vars(cfg, ("lm_head",))["lm_head"][:2]  # tied embedding (own Vars: one function each)
+        with bb.function(name, [token, *table]):
+            with bb.dataflow():
+                out = bb.emit_output(bb.emit_te(_te_embed, token, *table, DTYPE, primfunc_name_hint="embed_lookup"))
+            bb.emit_func_output(out)
 
-    x = relax.Var("x", relax.TensorType((1, 1, d), DTYPE))
-    kc, vc = relax.Var("k_cache", cache_t), relax.Var("v_cache", cache_t)
-    pos = relax.Var("pos", relax.TensorType((1,), "int32"))
-    w = _weight_vars(cfg, LAYER_WEIGHTS)
-    with bb.function("layer", [x, kc, vc, pos, *_flat(w, LAYER_WEIGHTS)]):
-        with bb.dataflow():
-            caches = []
+    def layer(name, n, kv_write, repacked):
+        x = relax.Var("x", relax.TensorType((1, n, d), DTYPE))
+        kc, vc = relax.Var("k_cache", cache_t), relax.Var("v_cache", cache_t)
+        pos = relax.Var("pos", relax.TensorType((1,), "int32"))
+        w = _weight_vars(cfg, LAYER_WEIGHTS, repacked)
+        with bb.function(name, [x, kc, vc, pos, *_flat(w, LAYER_WEIGHTS)]):
+            with bb.dataflow():
+                caches = []
 
-            def attend(qkv):
-                q, k, v = emit_rope_qkv(bb, cfg, qkv, pos, DTYPE)
-                for cache, new in ((kc, k), (vc, v)):
-                    caches.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
-                return attention(bb, q, caches[0], caches[1], hd, DTYPE, mask_past=pos)
+                def attend(qkv):
+                    q, k, v = emit_rope_qkv(bb, cfg, qkv, pos, DTYPE)
+                    for cache, new in ((kc, k), (vc, v)):
+                        caches.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
+                    return attention(bb, q, caches[0], caches[1], hd, DTYPE, mask_past=pos)
 
-            h = emit_layer(bb, cfg, w, x, DTYPE, attend, compute)
-            out = bb.emit_output(relax.Tuple([h, *caches]))
-        bb.emit_func_output(out)
+                h = emit_layer(bb, cfg, w, x, DTYPE, attend, compute)
+                out = bb.emit_output(relax.Tuple([h, *caches]))
+            bb.emit_func_output(out)
 
-    h = relax.Var("h", relax.TensorType((1, 1, d), DTYPE))
-    head_w = _weight_vars(cfg, ("lnf_g", "lnf_b", "lm_head"))
-    with bb.function("head", [h, *_flat(head_w, ("lnf_g", "lnf_b", "lm_head"))]):
-        with bb.dataflow():
-            out = bb.emit_output(emit_head(bb, cfg, head_w, h, 1, DTYPE, compute))
-        bb.emit_func_output(out)
+    def head(name, n):
+        h = relax.Var("h", relax.TensorType((1, n, d), DTYPE))
+        head_w = _weight_vars(cfg, ("lnf_g", "lnf_b", "lm_head"))
+        with bb.function(name, [h, *_flat(head_w, ("lnf_g", "lnf_b", "lm_head"))]):
+            with bb.dataflow():
+                out = bb.emit_output(emit_head(bb, cfg, head_w, h, n, DTYPE, compute))
+            bb.emit_func_output(out)
+
+    embed("embed", 1)
+    layer("layer", 1, bb.add_func(_kv_write(capacity, hh, hd, DTYPE), "kv_write"), False)
+    head("head", 1)
+    if prompt:
+        embed("embed_prompt", prompt)
+        kv_prompt = bb.add_func(_kv_write_prompt(capacity, prompt, hh, hd, DTYPE), "kv_write_prompt")
+        layer("prefill", prompt, kv_prompt, compute == "int8")
+        head("head_prompt", prompt)
     return bb.get()
 
 
@@ -198,8 +237,14 @@ class Decoder:
         up = lambda a: tvm.runtime.tensor(a, self.dev)  # noqa: E731
         t0 = time.time()
         self.layer_w = [] if share is None else share.layer_w
+        # the int8 prefill's projections read their weights repacked (q4_int8_gemm.repack): a second copy
+        repack = bool(model.prompt) and model.compute == "int8"
+        self.prefill_w = ([] if share is None else share.prefill_w) if repack else self.layer_w
         for i in range(model.layers if share is None else 0):
-            self.layer_w.append([up(a) for a in _flat(model.layer_weights(i), LAYER_WEIGHTS)])
+            w = model.layer_weights(i)
+            self.layer_w.append([up(a) for a in _flat(w, LAYER_WEIGHTS)])
+            if repack:
+                self.prefill_w.append([up(a) for a in _flat(_repacked(w), LAYER_WEIGHTS)])
             done = i + 1
             if done % 4 == 0 or done == model.layers:
                 left = (time.time() - t0) / done * (model.layers - done)
@@ -244,6 +289,22 @@ class Decoder:
             self.caches[i] = [kc, vc]
         return call("head", x, *self.head_w).numpy().reshape(-1)
 
+    def prefill(self, tokens, start=0, call=None):
+        """Logits (vocab,) after the prompt ``tokens`` (``model.prompt`` of them), all processed at
+        once from position ``start``; their keys and values go into the caches."""
+        if len(tokens) != self.model.prompt:
+            raise ValueError(f"this model's prefill was compiled for {self.model.prompt} tokens, not {len(tokens)}")
+        check_positions(self.model, start + len(tokens))
+        call = call or (lambda name, *args: self.vm[name](*args))
+        import tvm
+
+        pos_t = self._i32(start)
+        x = call("embed_prompt", tvm.runtime.tensor(np.asarray(tokens, "int32"), self.dev), *self.head_w[2:4])
+        for i, w in enumerate(self.prefill_w):
+            x, kc, vc = call("prefill", x, self.caches[i][0], self.caches[i][1], pos_t, *w)
+            self.caches[i] = [kc, vc]
+        return call("head_prompt", x, *self.head_w).numpy().reshape(-1)
+
     def kernel_times(self, token, pos):
         """Seconds spent in each kernel (PrimFunc name, summed over its calls in all layers)
         during one step, timed around every VM call (the step re-runs position ``pos``)."""
@@ -268,13 +329,18 @@ class Decoder:
         if tokens < 1 or not len(prompt):
             raise ValueError(f"need a prompt and at least 1 token to generate, not {len(prompt)} and {tokens}")
         check_positions(self.model, start + len(prompt) + tokens - 1)
-        pos = start
-        for t in prompt[:-1]:
-            self.step(int(t), pos)
-            pos += 1
+        pos, first = start, None
+        if len(prompt) == self.model.prompt:  # the compiled prefill, then the first token from its logits
+            first = self.prefill(prompt, start)
+            pos += len(prompt) - 1
+        else:
+            for t in prompt[:-1]:
+                self.step(int(t), pos)
+                pos += 1
         tok, out, logits = int(prompt[-1]), [], []
         for _ in range(tokens):
-            lg = self.step(tok, pos)
+            lg = self.step(tok, pos) if first is None else first
+            first = None
             tok = int(np.argmax(lg))
             out.append(tok)
             logits.append(lg)
@@ -282,6 +348,17 @@ class Decoder:
             if on_token is not None:
                 on_token(len(out))
         return out, logits
+
+
+def _repacked(w):
+    """Layer weights ``w`` with the projections in the layout of ``q4_int8_gemm.repack``."""
+    from .q4_int8_gemm import repack
+
+    out = dict(w)
+    for name in ("qkv", "dense", "fc1", "fc2"):
+        packed, scale, bias = w[name]
+        out[name] = (*repack(packed, scale), bias)
+    return out
 
 
 def check_positions(model, positions):

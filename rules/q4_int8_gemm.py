@@ -1,0 +1,205 @@
+"""Q4Int8GEMM: prefill GEMMs of q4 weights x int8 activations on AVX-512 VNNI CPUs.
+
+Pattern (by structure, see ``match``): an int32 block ``dot[g, t, nb, i] = sum_{v, p, b} ((W[nb, g*4+v, i]
+>> (8b + 4p)) & 15) * X[t, g*4+v, p, b]`` (uint32 words of 16 columns side by side, int8 activations
+per word as even then odd inputs) read by one float reduction over the groups ``g`` that scales each
+group's integer sum -- ``workloads.q4_int8_gemm``, the form Phi-2's int8 prefill projections take.
+
+Why: prompt processing is matrix-unit work (tens of tokens share every weight), and these kernels
+as written run scalar; a float GEMM on dequantized weights leaves the int8 units idle.  The schedule:
+
+* output tiles of MB tokens x NB*16 columns; the tiles in parallel, columns outer by default (a tile's
+  weights, NB*16 x K/2 bytes, stay in L2 while every token block passes over them);
+* per group of 32 inputs, the integer block computed at the group (``compute_at``): MB x NB int32
+  accumulators, tensorized with ``intrinsics.q4_vnni`` (each packed word unpacked once for all MB
+  tokens, two ``vpdpbusd`` per token and word);
+* the group's float step vectorized over the 16 columns (zero-point term, convert, both scales, FMA
+  into the tile's float accumulators), the bias / gelu epilogue at the tile.
+
+Sampled decisions: MB (``TOKEN_TILES`` dividing M), NB (``COLUMN_TILES`` dividing N/16), and which of
+tokens or columns is the outer tile loop.  ``untuned(mod, target)`` applies the defaults; blocks the
+rule scheduled are annotated ``schedule_rule: "None"`` for PostOrderApply's other rules.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
+from tvm.s_tir.schedule import ScheduleError
+
+from tvm_ext.intrinsics import q4_vnni
+from tvm_ext.tir_utils import root_child_blocks
+
+DEFAULT_MB = 4
+DEFAULT_NB = 2
+ORDERS = ("columns", "tokens")  # which tile index is outer
+SKIP = ("schedule_rule", "None")
+
+
+@dataclass
+class Q4GemmPattern:
+    dot: str  # name of the int32 block
+    scale: str  # name of the float block over the groups
+    tokens: int  # M
+    column_blocks: int  # N / 16
+    epilogues: tuple  # names of the elementwise blocks after ``scale``
+
+
+def _extents(block):
+    return [int(iv.dom.extent) for iv in block.iter_vars]
+
+
+def _is_dot(block) -> bool:
+    """The int32 block of the pattern (module doc): 4 spatial iters (g, t, nb, 16) and 3 reduction
+    iters (4 words, 2 parities, 4 bytes), a uint32 [.., .., 16] and an int8 [.., .., 2, 4] operand."""
+    if len(block.writes) != 1 or str(block.writes[0].source.dtype) != "int32" or len(block.iter_vars) != 7:
+        return False
+    kinds = [int(iv.iter_type) for iv in block.iter_vars]
+    if kinds != [0, 0, 0, 0, 2, 2, 2] or _extents(block)[3:] != [16, q4_vnni.WORDS, 2, 4]:
+        return False
+    dtypes = {str(r.source.dtype): [int(d) for d in r.source.shape] for r in block.reads}
+    return (len(block.reads) == 2 and dtypes.get("uint32", [0])[-1:] == [16]
+            and dtypes.get("int8", [0, 0])[-2:] == [2, 4])
+
+
+def match(sch, block) -> Optional[Q4GemmPattern]:
+    """The pattern around ``block`` (its dot or its scale block), or None."""
+    try:
+        stmt = sch.get(block)
+        if _is_dot(stmt):
+            dot = block
+        else:
+            producers = [p for p in sch.get_producers(block) if _is_dot(sch.get(p))]
+            if len(producers) != 1:
+                return None
+            dot = producers[0]
+        consumers = sch.get_consumers(dot)
+        if len(consumers) != 1:
+            return None
+        scale = consumers[0]
+        sstmt = sch.get(scale)
+        if str(sstmt.writes[0].source.dtype) != "float32" or [int(iv.iter_type) for iv in sstmt.iter_vars][-1] != 2:
+            return None
+        groups, tokens, column_blocks = _extents(sch.get(dot))[:3]
+        if _extents(sstmt)[-1] != groups:
+            return None
+        epilogues, cur = [], scale
+        while True:
+            nxt = sch.get_consumers(cur)
+            if len(nxt) != 1:
+                break
+            epilogues.append(sch.get(nxt[0]).name_hint)
+            cur = nxt[0]
+        return Q4GemmPattern(sch.get(dot).name_hint, sstmt.name_hint, tokens, column_blocks, tuple(epilogues))
+    except (ScheduleError, RuntimeError, AttributeError, IndexError, ValueError):
+        return None
+
+
+def token_tiles(p: Q4GemmPattern) -> list:
+    return [m for m in q4_vnni.TOKEN_TILES if p.tokens % m == 0]
+
+
+def column_tiles(p: Q4GemmPattern) -> list:
+    return [n for n in q4_vnni.COLUMN_TILES if p.column_blocks % n == 0]
+
+
+def sketches(p: Q4GemmPattern) -> list:
+    """Every (MB, NB, order) the rule offers for ``p``, the defaults first."""
+    mbs, nbs = token_tiles(p), column_tiles(p)
+    first = (max(m for m in mbs if m <= DEFAULT_MB), max(n for n in nbs if n <= DEFAULT_NB), ORDERS[0])
+    rest = [(m, n, o) for m in mbs for n in nbs for o in ORDERS if (m, n, o) != first]
+    return [first] + rest
+
+
+def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, order: str = ORDERS[0], annotate: bool = False) -> None:
+    """Schedule the matched GEMM in place with MB x NB*16 tiles, ``order``'s tile index outer (module doc)."""
+    dot, scale = sch.get_sblock(p.dot), sch.get_sblock(p.scale)
+    *outer, t, j, g = sch.get_loops(scale)
+    t_o, t_i = sch.split(t, [None, mb])
+    j_o, j_b, j_i = sch.split(j, [None, nb, 16])
+    if order == "columns":
+        sch.reorder(j_o, t_o, g, t_i, j_b, j_i)
+        tiles = sch.fuse(j_o, t_o)
+    else:
+        sch.reorder(t_o, j_o, g, t_i, j_b, j_i)
+        tiles = sch.fuse(t_o, j_o)
+    sch.parallel(tiles)
+    for name in p.epilogues:
+        blk = sch.get_sblock(name)
+        sch.reverse_compute_at(blk, tiles)
+        *_, last = sch.get_loops(blk)
+        sch.vectorize(sch.split(last, [None, 16])[1])
+    sch.compute_at(dot, g)
+    inner = sch.get_loops(dot)[len(outer) + 2:]  # below ``tiles`` and ``g``
+    sch.decompose_reduction(dot, inner[0])
+    sch.tensorize(inner[0], q4_vnni.register(mb, nb))
+    sch.vectorize(j_i)
+    if annotate:  # the root too: its parallel/vectorize annotations would be rewritten onto loops that
+        # are parallel already, around the tensorized block (RewriteParallelVectorizeUnroll fails there)
+        for name in (p.scale, *p.epilogues, "root"):
+            sch.annotate(sch.get_sblock(name), *SKIP)
+
+
+def supported(target) -> bool:
+    """Whether ``target`` has AVX-512 VNNI (the intrinsic's 512-bit vpdpbusd)."""
+    from tvm_ext.targets import vnni_kinds  # pylint: disable=import-outside-toplevel
+
+    return target is not None and "avx512vnni" in vnni_kinds(target)
+
+
+def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
+    """Every PrimFunc of ``mod`` holding the pattern scheduled with the first sketch; the others
+    unchanged (all of them where ``target`` lacks AVX-512 VNNI)."""
+    if not supported(tvm.target.Target(target)):
+        return mod
+    out = {}
+    for gv, func in mod.functions.items():
+        found = root_child_blocks(func)
+        out[gv] = func
+        if found is None:
+            continue
+        sch, blocks = found
+        p = next((m for m in (match(sch, b) for b in blocks) if m is not None), None)
+        if p is None:
+            continue
+        try:
+            schedule(sch, p, *sketches(p)[0])
+        except ScheduleError:
+            continue
+        out[gv] = sch.mod["main"]
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
+@derived_object
+class Q4Int8GEMM(PyScheduleRule):
+    """Schedule rule: one sketch per (MB, NB, order) for the q4 x int8 GEMM (module doc); other
+    blocks pass.  Offers nothing where the target lacks AVX-512 VNNI."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enabled = True
+
+    def _initialize_with_tune_context(self, context) -> None:
+        self.enabled = supported(context.target)
+
+    def apply(self, sch, block):
+        p = match(sch, block) if self.enabled else None
+        if p is None:
+            return [sch]
+        out = []
+        for mb, nb, order in sketches(p):
+            cand = sch.copy()
+            try:
+                schedule(cand, p, mb, nb, order, annotate=True)
+            except ScheduleError:
+                continue
+            out.append(cand)
+        return out or [sch]
+
+    def clone(self):
+        other = Q4Int8GEMM()
+        other.enabled = self.enabled
+        return other

@@ -1,0 +1,104 @@
+"""Phi-2 prompt processing (prefill): the whole prompt through each layer at once, int8 activations
+and the q4 x int8 GEMM, then decode from the cache the prefill wrote.
+
+The reduced model's prefill + decode runs against the float64 NumPy reference (teacher-forced on
+our ids): logits within the int8 quantization's error, the same greedy tokens, and the decode
+after the prompt reads the keys and values the prefill wrote (a wrong cache changes every step).
+``tvm-ext generate --prompt`` gives its table / JSON, and one line for bad input.
+"""
+import json
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm_ext.bench.phi2_e2e import decoder, schedule  # noqa: E402
+from tvm_ext.cli.main import main  # noqa: E402
+from tvm_ext.rules.q4_int8_gemm import supported  # noqa: E402
+from tvm_ext.targets import resolve_target  # noqa: E402
+from tvm_ext.workloads import phi2_model as pm  # noqa: E402
+
+needs_vnni = pytest.mark.skipif(not supported(resolve_target("llvm")),
+                                reason="this host has no AVX-512 VNNI (the prefill GEMM's instructions)")
+PROMPT = [3, 900, 17, 17, 250, 4, 1000, 42]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return pm.build_model("reduced", 2, capacity=len(PROMPT) + 6, seed=5, compute="int8", prompt=len(PROMPT))
+
+
+def test_prefill_module_uses_the_gemm_on_repacked_weights(model):
+    names = {gv.name_hint for gv, _ in model.mod.functions_items()}
+    assert {"embed_prompt", "prefill", "head_prompt", "kv_write_prompt"} <= names
+    params = {p.name: [int(d) for d in p.ty.shape.values] for p in model.mod["prefill"].params}
+    d, m = model.cfg["hidden"], model.cfg["mlp"]
+    assert params["qkv_wq"] == [3 * d // 16, d // 8, 16] and params["fc2_ws"] == [d // 16, m // 32, 16]
+    _, used = schedule(model.mod, resolve_target({"kind": "llvm", "mcpu": "cascadelake"}), "int8")
+    gemms = [n for n in names if "q4_int8_gemm" in n]
+    assert len(gemms) == 4 and all(used[n] == "q4_int8_gemm" for n in gemms)
+
+
+@needs_vnni
+@pytest.mark.parametrize("context", [0, 3])
+def test_prefill_then_decode_matches_reference(model, context):
+    dec = decoder(model, "llvm", "int8")
+    past = dec.fill_past(context, seed=1, keep=True) if context else None
+    ids, logits = dec.generate(PROMPT, 4, start=context)
+    ref_ids, ref_logits = pm.reference_generate(model, PROMPT, 4, past=past, follow=ids)
+    for got, want in zip(logits, ref_logits):
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert 1e-6 < err < 0.05, err  # the quantization's error: small, not zero
+    assert ids == ref_ids
+
+
+@needs_vnni
+def test_prefill_writes_the_cache_the_decode_reads(model):
+    """Decode after the prefill equals decode after feeding the prompt token by token (both int8)."""
+    dec = decoder(model, "llvm", "int8")
+    ids, logits = dec.generate(PROMPT, 3)
+    stepwise = decoder(pm.build_model("reduced", 2, capacity=len(PROMPT) + 6, seed=5, compute="int8"), "llvm",
+                       "int8", share=dec)
+    ids2, logits2 = stepwise.generate(PROMPT, 3)
+    assert ids == ids2
+    np.testing.assert_allclose(logits[1], logits2[1], rtol=0, atol=0.05 * np.abs(logits2[1]).max())
+
+
+def test_prefill_bad_inputs(model):
+    for prompt, capacity, message in ((7, 16, "even number of tokens"), (20, 16, "even number of tokens")):
+        with pytest.raises(ValueError, match=message):
+            pm.build_model("reduced", 1, capacity=capacity, compute="int8", prompt=prompt)
+    dec = decoder(model, "llvm", "none")
+    with pytest.raises(ValueError, match="compiled for 8 tokens, not 3"):
+        dec.prefill([1, 2, 3])
+    with pytest.raises(ValueError, match="context overflow"):
+        dec.prefill(PROMPT, start=10)
+
+
+@needs_vnni
+def test_cli_generate_prompt_json(tmp_path, capsys):
+    out = tmp_path / "prompt.json"
+    assert main(["generate", "--config", "reduced", "--layers", "1", "--prompt", "8", "--tokens", "2",
+                 "--schedule", "int8", "--out", str(out), "--quiet"]) == 0
+    table = capsys.readouterr().out
+    assert "prompt tok/s" in table and "first token = float path's" in table and "vpdpbusd peak" in table
+    doc = json.loads(out.read_text())
+    row = doc["rows"][0]
+    assert doc["prompt"] == 8 and doc["context"] == 0 and row["schedule"] == "int8"
+    assert row["vs_float"]["first_token_same"] and len(row["generated"]) == 2
+    assert set(row["gemm_tops"]) == {n for n in row["kernel_s"] if "q4_int8_gemm" in n}
+    assert doc["vnni_peak_tops"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt", "7"], "--prompt must be even"),
+    (["--tune", "4"], "--tune and --peers go with --prompt N"),
+    (["--prompt", "8", "--schedule", "dlight"], "with --prompt, --schedule takes int8, tuned"),
+    (["--prompt", "8", "--peers", "ort"], "unknown peer 'ort'"),
+    (["--prompt", "8", "--schedule", "tuned", "--database", "/nonexistent/db"], "no tuning database"),
+])
+def test_cli_prompt_bad_input(argv, message, capsys):
+    assert main(["generate", "--config", "reduced", "--layers", "1"] + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err

@@ -1,0 +1,156 @@
+"""The prefill q4 x int8 GEMM (workloads/q4_int8_gemm.py), its VNNI tile intrinsic and the
+Q4Int8GEMM schedule rule (rules/q4_int8_gemm.py).
+
+Every sketch the rule offers is built and, on an AVX-512 VNNI host, run against the same integer
+arithmetic in NumPy (``reference_np``); elsewhere each is cross-compiled for Cascade Lake and its
+assembly must hold ``vpdpbusd``.  The rule finds the pattern by structure (renamed blocks match, a
+different nibble order does not), stays out of the way on targets without AVX-512 VNNI, and
+MetaSchedule tunes the GEMM through ``tvm_ext.space``.  Bad shapes get one ValueError.
+"""
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm.s_tir import Schedule  # noqa: E402
+
+from tvm_ext.rules import q4_int8_gemm as rule  # noqa: E402
+from tvm_ext.targets import resolve_target  # noqa: E402
+from tvm_ext.workloads import q4_int8_gemm as g  # noqa: E402
+from tvm_ext.workloads.phi2_layers import _quantized_linear  # noqa: E402
+
+HOST = resolve_target("llvm")
+CASCADELAKE = resolve_target({"kind": "llvm", "mcpu": "cascadelake"})
+ON_VNNI = rule.supported(HOST)
+M, N, K = 8, 64, 96
+
+
+def _operands(m=M, n=N, k=K, seed=0):
+    rng = np.random.default_rng(seed)
+    packed, scale, bias = _quantized_linear(rng, k, n)
+    x = rng.uniform(-3, 3, (m, k)).astype("float32")
+    x[1, 32:64] = 0.0  # a group of zeros: scale 0
+    x[2, 5] = 40.0  # an outlier sets its group's scale
+    return x, packed, scale, bias
+
+
+def _scheduled(func, sketch):
+    sch = Schedule(tvm.IRModule({"main": func}))
+    p = rule.match(sch, sch.get_sblock(g.DOT_BLOCK))
+    rule.schedule(sch, p, *sketch)
+    return sch.mod
+
+
+def _run(mod, x, packed, scale, bias, m=M, n=N):
+    dev = tvm.cpu()
+    wq, ws = g.repack(packed, scale)
+    args = [tvm.runtime.tensor(a, dev) for a in (*g.quantize_np(x), wq, ws, bias)]
+    y = tvm.runtime.tensor(np.zeros((1, m, n), "float32"), dev)
+    tvm.compile(mod, target=HOST)["main"](*args, y)
+    return y.numpy()[0]
+
+
+def test_quantize_tokens_matches_numpy():
+    x = _operands()[0]
+    dev = tvm.cpu()
+    outs = [tvm.runtime.tensor(np.zeros(s, dt), dev) for s, dt in
+            (((M, K // 8, 2, 4), "int8"), ((M, K // 32), "float32"), ((M, K // 32), "int32"))]
+    func = g.quantize_tokens(M, K).with_attr("global_symbol", "main")
+    tvm.compile(tvm.IRModule({"main": func}), target=HOST)["main"](tvm.runtime.tensor(x[None], dev), *outs)
+    for got, want in zip(outs, g.quantize_np(x)):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_reference_is_the_float_product_within_quantization():
+    """The integer arithmetic is a quantized x @ W: close to the float product, not equal."""
+    from tvm_ext.workloads.phi2_layers import dequantize_np
+
+    x, packed, scale, bias = _operands()
+    exact = x.astype("float64") @ dequantize_np(packed, scale) + bias
+    got = g.reference_np(x, packed, scale, bias)
+    err = np.abs(got - exact).max() / np.abs(exact).max()
+    assert 0 < err < 0.02, err
+
+
+@pytest.mark.parametrize("epilogue", g.EPILOGUES)
+def test_every_sketch_computes_the_reference(epilogue):
+    x, packed, scale, bias = _operands()
+    func = g.gemm(M, N, K, epilogue)
+    sch = Schedule(tvm.IRModule({"main": func}))
+    p = rule.match(sch, sch.get_sblock(g.SCALE_BLOCK))  # either block of the pair finds it
+    sketches = rule.sketches(p)
+    assert sketches[0] == (rule.DEFAULT_MB, rule.DEFAULT_NB, "columns") and len(sketches) == 3 * 2 * 2
+    want = g.reference_np(x, packed, scale, bias, epilogue)
+    for sketch in sketches:
+        mod = _scheduled(func, sketch)
+        if ON_VNNI:
+            np.testing.assert_allclose(_run(mod, x, packed, scale, bias), want, rtol=1e-5,
+                                       atol=1e-5 * np.abs(want).max(), err_msg=str(sketch))
+        else:
+            asm = tvm.compile(mod, target=CASCADELAKE).mod.inspect_source("asm")
+            assert "vpdpbusd" in asm, sketch
+
+
+def test_match_is_by_structure():
+    """Blocks renamed still match; a function already scheduled (tensorized) does not."""
+    script = g.gemm(M, N, K).script().replace(g.DOT_BLOCK, "first").replace(g.SCALE_BLOCK, "second")
+    renamed = tvm.script.from_source(script)
+    sch = Schedule(tvm.IRModule({"main": renamed}))
+    p = rule.match(sch, sch.get_sblock("second"))
+    assert (p.dot, p.scale, p.tokens, p.column_blocks) == ("first", "second", M, N // 16)
+    assert len(p.epilogues) == 1
+    tensorized = _scheduled(g.gemm(M, N, K), (2, 2, "tokens"))
+    assert rule.untuned(tensorized, CASCADELAKE)["main"].same_as(tensorized["main"])
+    assert not rule.untuned(tvm.IRModule({"main": renamed}), CASCADELAKE)["main"].same_as(renamed)
+
+
+def test_other_nibble_orders_and_kernels_are_left_alone():
+    """A GEMM whose nibbles are read high first is a different computation: no match, unchanged."""
+    from tvm import te, tirx
+
+    xq, xs, corr, wq, ws, bias, _ = g.gemm_te(M, N, K)
+    v, p, b = (te.reduce_axis((0, e), name=nm) for e, nm in ((4, "v"), (2, "p"), (4, "b")))
+    dot = te.compute((K // 32, M, N // 16, 16), lambda gg, t, nb, i: te.sum(tirx.Cast(
+        "int32", (wq[nb, gg * 4 + v, i] >> tirx.Cast("uint32", 28 - b * 8 - p * 4)) & tirx.const(15, "uint32"))
+        * tirx.Cast("int32", xq[t, gg * 4 + v, p, b]), axis=[v, p, b]), name="d")
+    func = te.create_prim_func([xq, wq, dot])
+    mod = tvm.IRModule({"main": func})
+    assert rule.untuned(mod, CASCADELAKE)["main"].same_as(func)
+    gemm = tvm.IRModule({"main": g.gemm(M, N, K)})
+    for target in ({"kind": "llvm", "mcpu": "haswell"}, {"kind": "llvm", "mcpu": "alderlake"}):
+        assert rule.untuned(gemm, target)["main"].same_as(gemm["main"]), target  # no AVX-512 VNNI
+
+
+@pytest.mark.skipif(not ON_VNNI, reason="this host has no AVX-512 VNNI (the rule offers nothing here)")
+def test_metaschedule_tunes_it_through_the_plugin_space(tmp_path):
+    """ms.tune_tir with tvm_ext.space (and the stack's builder and runner): every candidate is one
+    of the rule's sketches, measured, and the best one computes the reference."""
+    from tvm.s_tir import meta_schedule as ms
+
+    import tvm_ext
+    import tvm_ext.tune
+
+    mod = tvm.IRModule({"main": g.gemm(M, N, K)})
+    target = tvm.target.Target(dict(HOST.export(), **{"num-cores": 2}))
+    db = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,
+                     space=tvm_ext.space(target), builder=tvm_ext.tune.make_builder(),
+                     runner=tvm_ext.tune.make_runner(), strategy=tvm_ext.tune.search_strategy(4),
+                     database=ms.database.JSONDatabase(work_dir=str(tmp_path)))
+    records = db.get_all_tuning_records()
+    assert len(records) == 4 and all(r.run_secs and float(r.run_secs[0]) < 1 for r in records)
+    assert all("tvm_ext.q4_int8_group_avx512vnni" in str(r.trace) for r in records)
+    sch = ms.tir_integration.compile_tir(db, mod, target)
+    x, packed, scale, bias = _operands()
+    want = g.reference_np(x, packed, scale, bias)
+    np.testing.assert_allclose(_run(sch.mod, x, packed, scale, bias), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("m,n,k", [(7, 64, 96), (8, 48, 96), (8, 64, 40), (0, 64, 96)])
+def test_bad_shapes(m, n, k):
+    with pytest.raises(ValueError, match="M even, N a multiple of 32 and K of 32"):
+        g.gemm(m, n, k)
+
+
+def test_bad_epilogue():
+    with pytest.raises(ValueError, match="epilogue"):
+        g.gemm(M, N, K, "relu")

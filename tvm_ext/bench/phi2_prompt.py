@@ -1,0 +1,210 @@
+"""Whole-model Phi-2 prompt processing (prefill) on the Relax VM: prompt tok/s, time to first token,
+the decode that follows, and the GEMMs against the host's measured int8 peak.
+
+The model (``phi2_model.build_model(compute="int8", prompt=M)``) runs the prompt's M tokens through
+each layer at once: activations quantized per token and group to int8, the projections as the
+q4 x int8 GEMM of ``workloads.q4_int8_gemm`` (rules/q4_int8_gemm.py, ``vpdpbusd``), attention over
+the KV cache with the causal mask; then greedy decode continues from the cache the prefill wrote.
+
+Rows (``SCHEDULES``): ``int8`` -- every kernel as our rules schedule it untuned (dlight for the
+rest); ``tuned`` -- the best record of a tuning database for each kernel it holds, ``int8`` for
+the others (``tune_prompt`` fills such a database through ``tvm_ext.space``: the GEMM's sketches,
+MetaSchedule's rules for attention and the rest).  A float reference runs the same prompt token by
+token through the float decode step (``rule``): the first token after the prompt and the tokens
+after it are compared with each row's.
+
+``vnni_peak`` measures the host's ``vpdpbusd`` rate: independent accumulator chains, all threads,
+no memory traffic (the ceiling a GEMM's int8 work can reach).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tvm_ext.bench.phi2_e2e import _set_threads, decoder
+from tvm_ext.bench.phi2_kernels import normalize
+
+SCHEDULES = ("int8", "tuned")
+PROMPT_FUNCS = ("embed_prompt", "prefill", "head_prompt")
+UNTUNED = ("kv_write", "kv_write_prompt")
+
+
+def prompt_kernels(model) -> dict:
+    """{name: normalized IRModule} of the kernels the prompt's functions call that a schedule can
+    change (hand-scheduled kernels and the in-place cache writes left out)."""
+    from tvm import relax, tirx
+
+    out = {}
+    for fname in PROMPT_FUNCS:
+        for block in model.mod[fname].body.blocks:
+            for b in block.bindings:
+                val = b.value
+                if not (isinstance(val, relax.Call) and getattr(val.op, "name", "").startswith("relax.call_tir")):
+                    continue
+                name = val.args[0].name_hint
+                func = model.mod[name]
+                if name in UNTUNED or not isinstance(func, tirx.PrimFunc) or (
+                        func.attrs is not None and "tir.is_scheduled" in func.attrs):
+                    continue
+                out[name] = normalize(func)
+    return out
+
+
+def tune_prompt(model, target, db_dir: str, trials: int, threads=None, log=print) -> dict:
+    """Tune every ``prompt_kernels`` kernel up to ``trials`` records in ``db_dir`` (resumes)."""
+    from tvm_ext.targets import physical_cores, resolve_target
+    from tvm_ext.tune.kernels import tune_kernels
+
+    _set_threads(threads or physical_cores())  # the runner's workers inherit it
+    mods = prompt_kernels(model)
+    log(f"tuning {len(mods)} prompt kernels, {trials} trials each, into {db_dir}")
+    return tune_kernels(mods, resolve_target(target), db_dir, trials, log=log)
+
+
+def vnni_peak(threads: int, chains: int = 24, steps: int = 200_000) -> float:
+    """int8 ops per second (2 per multiply-add) of ``threads`` threads each running ``chains``
+    independent 512-bit ``vpdpbusd`` chains (registers only)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from tvm_ext.intrinsics.vnni import vpdpbusd
+
+    dot = vpdpbusd(16)
+
+    @T.prim_func
+    def peak(out: T.Buffer((threads, chains, 16), "int32"), w: T.Buffer((64,), "int8")):
+        T.func_attr({"tirx.noalias": True})
+        for t in T.parallel(threads):
+            acc = T.decl_buffer((chains, 16), "int32")
+            for c in T.unroll(chains):
+                acc[c, T.ramp(0, 1, 16)] = T.broadcast(0, 16)
+            for _ in range(steps):
+                for c in T.unroll(chains):
+                    acc[c, T.ramp(0, 1, 16)] = dot(acc[c, T.ramp(0, 1, 16)], w[T.ramp(0, 1, 64)], w[T.ramp(0, 1, 64)])
+            for c in T.unroll(chains):
+                out[t, c, T.ramp(0, 1, 16)] = acc[c, T.ramp(0, 1, 16)]
+
+    from tvm_ext.targets import resolve_target
+
+    lib = tvm.compile(tvm.IRModule({"main": peak}), target=resolve_target("llvm"))
+    dev = tvm.cpu()
+    a = tvm.runtime.tensor(np.zeros((threads, chains, 16), "int32"), dev)
+    w = tvm.runtime.tensor(np.ones(64, "int8"), dev)
+    sec = min(lib.mod.time_evaluator("main", dev, number=3, repeat=5)(a, w).results)
+    return threads * chains * steps * 64 * 2 / sec
+
+
+def _gemm_ops(model) -> dict:
+    """{kernel name: int8 ops per call} of the prefill's GEMMs (2 M N K)."""
+    from tvm_ext.workloads.q4_int8_gemm import DOT_BLOCK
+
+    out = {}
+    for name, mod in prompt_kernels(model).items():
+        blocks = [b for b in _blocks(mod["main"]) if b.name_hint == DOT_BLOCK]
+        if blocks:
+            ext = [int(iv.dom.extent) for iv in blocks[0].iter_vars]  # g, t, nb, 16, 4, 2, 4
+            out[name] = 2 * ext[1] * ext[2] * 16 * ext[0] * 32
+    return out
+
+
+def _blocks(func):
+    from tvm_ext.tir_utils import blocks_of
+
+    return blocks_of(func)
+
+
+def _timed_prompt(dec, prompt, context, tokens, repeat, log):
+    """{ttft_s, prefill_s, tok_s, decode_tok_s, generated, first_logits, kernel_s} of ``dec``."""
+    from tvm import relax
+
+    dec.fill_past(context)
+    t0 = time.perf_counter()
+    first = dec.prefill(prompt, context)
+    ttft = time.perf_counter() - t0
+    first_id = int(np.argmax(first))
+    times = [ttft]
+    for i in range(repeat):
+        t0 = time.perf_counter()
+        dec.prefill(prompt, context)
+        times.append(time.perf_counter() - t0)
+        log(f"prefill {i + 1}/{repeat}: {len(prompt) / times[-1]:.1f} tok/s")
+    vm, kernel_s, start = relax.VirtualMachine(dec.rt, dec.dev), {}, {}
+
+    def instrument(func, name, before, ret, *args):
+        if before:
+            start[name] = time.perf_counter()
+        elif not name.startswith("vm.builtin"):
+            kernel_s[name] = kernel_s.get(name, 0.0) + time.perf_counter() - start[name]
+        return 0
+
+    vm.set_instrument(instrument)
+    dec.prefill(prompt, context, call=lambda name, *args: vm[name](*args))
+    t0 = time.perf_counter()
+    ids, _ = dec.generate(prompt, tokens, start=context)
+    gen_s = time.perf_counter() - t0 - min(times)  # the generate repeats the prefill first
+    return {"ttft_s": ttft, "prefill_s": min(times), "prefill_s_all": times, "tok_s": len(prompt) / min(times),
+            "decode_tok_s": max(tokens - 1, 1) / max(gen_s, 1e-9), "generated": ids, "first_id": first_id,
+            "first_logits": first, "kernel_s": kernel_s}
+
+
+def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tokens=16, context=0, threads=None,
+                log=print, target="llvm", seed=0, database=None, repeat=3, reference=True, tune_trials=0) -> dict:
+    """Run each of ``schedules`` on the same prompt (see the module doc); one JSON-able dict.
+    ``tune_trials``: first tune the model's prompt kernels that many trials each into ``database``
+    (the kernels depend on prompt, context + prompt + tokens and config: tune with the same)."""
+    import tvm
+
+    from tvm_ext.targets import describe_host, physical_cores
+    from tvm_ext.workloads import phi2_model as pm
+    from tvm_ext.workloads.q4_int8 import check_target
+
+    for how in schedules:
+        if how not in SCHEDULES:
+            raise ValueError(f"prompt schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
+    check_target(target)
+    if "tuned" in schedules and not tune_trials:
+        from tvm_ext.bench.phi2_e2e import tuning_database
+
+        tuning_database(database)
+    threads = int(threads or physical_cores())
+    _set_threads(threads)
+    layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
+    capacity = context + prompt + tokens
+    model = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="int8", prompt=prompt)
+    ids = [int(t) for t in np.random.default_rng([seed, 7]).integers(model.cfg["vocab"], size=prompt)]
+    if tune_trials:
+        tune_prompt(model, target, database, tune_trials, threads, log)
+    gemm_ops = _gemm_ops(model)
+    dev, rows, shared = tvm.cpu(0), [], None
+    for how in schedules:
+        dec = decoder(model, target, how, dev=dev, log=log, database=database, share=shared)
+        shared = shared or dec
+        row = {"schedule": how, "rules": dec.rules, **_timed_prompt(dec, ids, context, tokens, repeat, log)}
+        calls = layers  # each prefill kernel runs once per layer
+        row["gemm_tops"] = {n: ops * calls / row["kernel_s"][n] / 1e12 for n, ops in gemm_ops.items()
+                            if row["kernel_s"].get(n)}
+        rows.append(row)
+        log(f"{how}: prefill {row['tok_s']:.1f} tok/s, first token after {row['ttft_s']:.2f} s")
+    out = {"config": config, "layers": layers, "prompt": prompt, "context": context, "tokens": tokens,
+           "threads": threads, "device": describe_host(), "rows": rows}
+    if reference:
+        fmodel = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="float")
+        fdec = decoder(fmodel, target, "rule", dev=dev, log=log, share=shared)
+        fdec.fill_past(context)
+        t0 = time.perf_counter()
+        fids, flogits = fdec.generate(ids, tokens, start=context)
+        out["float"] = {"schedule": "rule (token by token)", "generated": fids, "seconds": time.perf_counter() - t0}
+        for r in rows:
+            r["vs_float"] = {"first_token_same": r["generated"][0] == fids[0],
+                             "same_tokens": float(np.mean([a == b for a, b in zip(r["generated"], fids)])),
+                             "max_abs_logit_err": float(np.max(np.abs(r["first_logits"] - flogits[0]))),
+                             "max_abs_logit": float(np.max(np.abs(flogits[0]))),
+                             "top1_same": int(np.argmax(r["first_logits"])) == int(np.argmax(flogits[0]))}
+    from tvm_ext.rules.q4_int8_gemm import supported
+    from tvm_ext.targets import resolve_target
+
+    out["vnni_peak_tops"] = vnni_peak(threads) / 1e12 if supported(resolve_target(target)) else None
+    for r in rows:
+        r.pop("first_logits")
+    return out

@@ -1,0 +1,93 @@
+"""``tvm-ext generate --prompt N``: whole-model Phi-2 prompt processing, its table and JSON."""
+from __future__ import annotations
+
+import os
+
+PROMPT_DATABASE = "tvm_ext_work/phi2-prompt-llvm"
+SAVED_PROMPT_DATABASE = "tuning_logs/phi2-prompt-llvm"
+PEERS = ("llama.cpp",)
+LLAMA_CACHE = "tvm_ext_work/llama.cpp"
+
+
+def run_prompt(args) -> int:
+    import json
+
+    from tvm_ext.bench.phi2_prompt import SCHEDULES, prompt_rows
+    from tvm_ext.cli.common import log
+    from tvm_ext.jsonio import write_json
+
+    if not args.prompt:
+        raise ValueError("--tune and --peers go with --prompt N (prompt processing)")
+    if args.prompt % 2:
+        raise ValueError(f"--prompt must be even (the GEMM's token tiles are 2, 4 or 8 tokens), not {args.prompt}")
+    schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
+    if not schedules or any(s not in SCHEDULES for s in schedules):
+        raise ValueError(f"with --prompt, --schedule takes {', '.join(SCHEDULES)}, not {args.schedule!r}")
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for p in peers:
+        if p not in PEERS:
+            raise ValueError(f"unknown peer {p!r}; known: {', '.join(PEERS)}")
+    context = 0 if args.context is None else args.context
+    if context < 0:
+        raise ValueError(f"--context must be at least 0, not {context}")
+    database = args.database or (PROMPT_DATABASE if args.tune or not os.path.isdir(SAVED_PROMPT_DATABASE)
+                                 else SAVED_PROMPT_DATABASE)
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise ValueError(f"--out: no directory {os.path.dirname(os.path.abspath(args.out))}")
+    quiet = (lambda msg: None) if args.quiet else log
+    out = prompt_rows(schedules, config=args.config, layers=args.layers, prompt=args.prompt, tokens=args.tokens,
+                      context=context, threads=args.threads, log=quiet, seed=args.seed, database=database,
+                      tune_trials=args.tune)
+    out["database"] = database if "tuned" in schedules else None
+    if "llama.cpp" in peers:
+        from tvm_ext.bench.llama_cpp import prefill_peer
+
+        out["peers"] = [prefill_peer(LLAMA_CACHE, prompts=(args.prompt,), threads=out["threads"], log=quiet)]
+    if args.out:
+        write_json(args.out, out)
+    print(json.dumps(out) if args.json else format_prompt_table(out))
+    return 0
+
+
+def format_prompt_table(d, top: int = 6) -> str:
+    from tvm_ext.cli.table import render
+
+    host = d["device"]
+    rows = d["rows"]
+    head = (f"phi2 prompt processing, {d['config']}: {d['layers']} layers, {d['prompt']} prompt tokens after "
+            f"{d['context']} past positions, then {d['tokens']} decoded; {d['threads']} threads, "
+            f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})")
+    peer_rows = [(p["peer"], r) for p in d.get("peers", []) for r in p["rows"] if r["n_prompt"] == d["prompt"]]
+    best = max(r["tok_s"] for r in rows)
+    lines = [head, render([""] + [r["schedule"] for r in rows] + [p for p, _ in peer_rows], [
+        ["prompt tok/s"] + [f"{r['tok_s']:.1f}" for r in rows] + [f"{r['tok_s']:.1f}" for _, r in peer_rows],
+        ["first token after (s)"] + [f"{r['ttft_s']:.2f}" for r in rows] + ["" for _ in peer_rows],
+        ["decode tok/s after"] + [f"{r['decode_tok_s']:.2f}" for r in rows] + ["" for _ in peer_rows],
+        ["first token = float path's"] + [_yes(r.get("vs_float", {}).get("first_token_same")) for r in rows]
+        + ["" for _ in peer_rows]])]
+    for name, r in peer_rows:
+        lines.append(f"best tvm_ext row vs {name}: {best / r['tok_s']:.2f}x its prompt tok/s (same run)")
+    if d.get("vnni_peak_tops"):
+        lines.append(f"host vpdpbusd peak ({d['threads']} threads, registers only): {d['vnni_peak_tops']:.2f} TOPS")
+    for r in rows:
+        if r.get("gemm_tops"):
+            parts = ", ".join(f"{n} {t:.2f}" for n, t in sorted(r["gemm_tops"].items()))
+            peak, tops = d.get("vnni_peak_tops"), r["gemm_tops"].values()
+            share = f" ({100 * min(tops) / peak:.0f}-{100 * max(tops) / peak:.0f}% of the peak)" if peak else ""
+            lines.append(f"{r['schedule']} GEMMs, int8 TOPS: {parts}{share}")
+        cmp = r.get("vs_float")
+        if cmp:
+            lines.append(f"{r['schedule']} vs the float path: {100 * cmp['same_tokens']:.0f}% same tokens, first "
+                         f"logits differ by up to {cmp['max_abs_logit_err']:.3g} "
+                         f"(|logits| up to {cmp['max_abs_logit']:.3g})")
+    for r in rows:
+        total = sum(r["kernel_s"].values()) or 1.0
+        top_k = sorted(r["kernel_s"].items(), key=lambda kv: -kv[1])[:top]
+        lines += ["", f"{r['schedule']}: kernels by share of one prefill",
+                  render(["kernel", "schedule", "%"], [[n, r["rules"].get(n, ""), f"{100 * t / total:.1f}"]
+                                                       for n, t in top_k], "<<>")]
+    return "\n".join(lines)
+
+
+def _yes(v) -> str:
+    return "" if v is None else ("yes" if v else "NO")
