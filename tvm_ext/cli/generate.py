@@ -48,8 +48,9 @@ def add_parser(sub) -> None:
                         "for a prompt size on 2 cores)")
     p.add_argument("--peers", default="", metavar="LIST",
                    help="with --prompt: llama.cpp (its llama-bench built from the llama-cpp-python sdist on first "
-                        "use, ~10 minutes on 2 cores, cached in tvm_ext_work/; a Phi-2-shaped Q4_0 GGUF with "
-                        "random weights) measured in the same run, same threads")
+                        "use, ~6 minutes on 2 cores, cached in ~/.cache/tvm_ext/llama_cpp or "
+                        "$TVM_EXT_LLAMA_CPP_CACHE; a Phi-2-shaped Q4_0 GGUF with random weights) measured in the "
+                        "same run, same threads")
     p.add_argument("--threads", type=count, default=None,
                    help="TVM worker threads (default: the physical cores; TVM's own default on x86 is half the "
                         "logical CPUs, 1 on a 2-vCPU VM)")

@@ -6,7 +6,6 @@ import os
 PROMPT_DATABASE = "tvm_ext_work/phi2-prompt-llvm"
 SAVED_PROMPT_DATABASE = "tuning_logs/phi2-prompt-llvm"
 PEERS = ("llama.cpp",)
-LLAMA_CACHE = "tvm_ext_work/llama.cpp"
 
 
 def run_prompt(args) -> int:
@@ -42,7 +41,7 @@ def run_prompt(args) -> int:
     if "llama.cpp" in peers:
         from tvm_ext.bench.llama_cpp import prefill_peer
 
-        out["peers"] = [prefill_peer(LLAMA_CACHE, prompts=(args.prompt,), threads=out["threads"], log=quiet)]
+        out["peers"] = [prefill_peer(prompts=(args.prompt,), threads=out["threads"], log=quiet)]
     if args.out:
         write_json(args.out, out)
     print(json.dumps(out) if args.json else format_prompt_table(out))

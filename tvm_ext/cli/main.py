@@ -39,9 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def use_physical_cores() -> None:
+    """TVM's thread pool (and the tuning runner's, which inherits the environment) takes
+    ``TVM_NUM_THREADS``, else half the logical CPUs on x86 (it assumes two hyper-threads per
+    core): 1 thread on a 2-vCPU VM whose vCPUs are cores, where the peers run on 2.  Every
+    command uses the physical cores unless the user set ``TVM_NUM_THREADS``."""
+    import os
+
+    from tvm_ext.targets import physical_cores
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(physical_cores()))
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    use_physical_cores()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
