@@ -8,17 +8,19 @@ group's integer sum -- ``workloads.q4_int8_gemm``, the form Phi-2's int8 prefill
 Why: prompt processing is matrix-unit work (tens of tokens share every weight), and these kernels
 as written run scalar; a float GEMM on dequantized weights leaves the int8 units idle.  The schedule:
 
-* output tiles of MB tokens x NB*16 columns; the tiles in parallel, columns outer by default (a tile's
-  weights, NB*16 x K/2 bytes, stay in L2 while every token block passes over them);
+* output tiles of MB tokens x NB*16 columns, in parallel; the token tiles cut into chunks, each chunk
+  passing over every column tile: one chunk (the default) keeps a column tile's weights (NB*16 x K/2
+  bytes) in L2 while every token tile uses them, M/MB chunks keep a token tile's activations instead;
 * per group of 32 inputs, the integer block computed at the group (``compute_at``): MB x NB int32
   accumulators, tensorized with ``intrinsics.q4_vnni`` (each packed word unpacked once for all MB
   tokens, two ``vpdpbusd`` per token and word);
 * the group's float step vectorized over the 16 columns (zero-point term, convert, both scales, FMA
   into the tile's float accumulators), the bias / gelu epilogue at the tile.
 
-Sampled decisions: MB (``TOKEN_TILES`` dividing M), NB (``COLUMN_TILES`` dividing N/16), and which of
-tokens or columns is the outer tile loop.  ``untuned(mod, target)`` applies the defaults; blocks the
-rule scheduled are annotated ``schedule_rule: "None"`` for PostOrderApply's other rules.
+Choices: MB (``TOKEN_TILES`` dividing M) and NB (``COLUMN_TILES`` dividing N/16) are one sketch each
+(the tile intrinsic is fixed per trace); the number of token chunks is a sampled decision (a perfect
+tile, mutated by evolutionary search).  ``untuned(mod, target)`` applies the first sketch with one
+chunk; blocks the rule scheduled are annotated ``schedule_rule: "None"`` for PostOrderApply's other rules.
 """
 from __future__ import annotations
 
@@ -35,7 +37,6 @@ from tvm_ext.tir_utils import root_child_blocks
 
 DEFAULT_MB = 4
 DEFAULT_NB = 2
-ORDERS = ("columns", "tokens")  # which tile index is outer
 SKIP = ("schedule_rule", "None")
 
 
@@ -107,25 +108,29 @@ def column_tiles(p: Q4GemmPattern) -> list:
 
 
 def sketches(p: Q4GemmPattern) -> list:
-    """Every (MB, NB, order) the rule offers for ``p``, the defaults first."""
+    """Every (MB, NB) the rule offers for ``p``, the defaults first."""
     mbs, nbs = token_tiles(p), column_tiles(p)
-    first = (max(m for m in mbs if m <= DEFAULT_MB), max(n for n in nbs if n <= DEFAULT_NB), ORDERS[0])
-    rest = [(m, n, o) for m in mbs for n in nbs for o in ORDERS if (m, n, o) != first]
-    return [first] + rest
+    first = (max(m for m in mbs if m <= DEFAULT_MB), max(n for n in nbs if n <= DEFAULT_NB))
+    return [first] + [(m, n) for m in mbs for n in nbs if (m, n) != first]
 
 
-def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, order: str = ORDERS[0], annotate: bool = False) -> None:
-    """Schedule the matched GEMM in place with MB x NB*16 tiles, ``order``'s tile index outer (module doc)."""
+def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, chunks=1, sample: bool = False,
+             annotate: bool = False) -> None:
+    """Schedule the matched GEMM in place with MB x NB*16 tiles (module doc).  The token tiles are
+    cut into ``chunks`` chunks, each passing over all column tiles in turn: 1 = columns outer (a
+    column tile's weights stay in cache while every token tile uses them), M / MB = tokens outer.
+    With ``sample`` that cut is a sampled decision (a perfect tile, first draw ``chunks``)."""
     dot, scale = sch.get_sblock(p.dot), sch.get_sblock(p.scale)
     *outer, t, j, g = sch.get_loops(scale)
     t_o, t_i = sch.split(t, [None, mb])
     j_o, j_b, j_i = sch.split(j, [None, nb, 16])
-    if order == "columns":
-        sch.reorder(j_o, t_o, g, t_i, j_b, j_i)
-        tiles = sch.fuse(j_o, t_o)
-    else:
-        sch.reorder(t_o, j_o, g, t_i, j_b, j_i)
-        tiles = sch.fuse(t_o, j_o)
+    token_tiles_ = p.tokens // mb
+    factors = [chunks, token_tiles_ // chunks]
+    if sample:
+        factors = sch.sample_perfect_tile(t_o, n=2, max_innermost_factor=token_tiles_, decision=factors)
+    t_c, t_o = sch.split(t_o, factors)
+    sch.reorder(t_c, j_o, t_o, g, t_i, j_b, j_i)
+    tiles = sch.fuse(t_c, j_o, t_o)
     sch.parallel(tiles)
     for name in p.epilogues:
         blk = sch.get_sblock(name)
@@ -175,7 +180,7 @@ def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
 
 @derived_object
 class Q4Int8GEMM(PyScheduleRule):
-    """Schedule rule: one sketch per (MB, NB, order) for the q4 x int8 GEMM (module doc); other
+    """Schedule rule: one sketch per (MB, NB) for the q4 x int8 GEMM (module doc); other
     blocks pass.  Offers nothing where the target lacks AVX-512 VNNI."""
 
     def __init__(self) -> None:
@@ -190,10 +195,10 @@ class Q4Int8GEMM(PyScheduleRule):
         if p is None:
             return [sch]
         out = []
-        for mb, nb, order in sketches(p):
+        for mb, nb in sketches(p):
             cand = sch.copy()
             try:
-                schedule(cand, p, mb, nb, order, annotate=True)
+                schedule(cand, p, mb, nb, sample=True, annotate=True)
             except ScheduleError:
                 continue
             out.append(cand)

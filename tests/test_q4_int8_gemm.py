@@ -7,6 +7,9 @@ assembly must hold ``vpdpbusd``.  The rule finds the pattern by structure (renam
 different nibble order does not), stays out of the way on targets without AVX-512 VNNI, and
 MetaSchedule tunes the GEMM through ``tvm_ext.space``.  Bad shapes get one ValueError.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -79,9 +82,10 @@ def test_every_sketch_computes_the_reference(epilogue):
     sch = Schedule(tvm.IRModule({"main": func}))
     p = rule.match(sch, sch.get_sblock(g.SCALE_BLOCK))  # either block of the pair finds it
     sketches = rule.sketches(p)
-    assert sketches[0] == (rule.DEFAULT_MB, rule.DEFAULT_NB, "columns") and len(sketches) == 3 * 2 * 2
+    assert sketches[0] == (rule.DEFAULT_MB, rule.DEFAULT_NB) and len(sketches) == 3 * 2
     want = g.reference_np(x, packed, scale, bias, epilogue)
-    for sketch in sketches:
+    for mb, nb in sketches:  # token tiles in one chunk (columns outer) and one chunk per tile (tokens outer)
+        sketch = (mb, nb, 1 if (mb + nb) % 2 else M // mb)
         mod = _scheduled(func, sketch)
         if ON_VNNI:
             np.testing.assert_allclose(_run(mod, x, packed, scale, bias), want, rtol=1e-5,
@@ -99,7 +103,7 @@ def test_match_is_by_structure():
     p = rule.match(sch, sch.get_sblock("second"))
     assert (p.dot, p.scale, p.tokens, p.column_blocks) == ("first", "second", M, N // 16)
     assert len(p.epilogues) == 1
-    tensorized = _scheduled(g.gemm(M, N, K), (2, 2, "tokens"))
+    tensorized = _scheduled(g.gemm(M, N, K), (2, 2, 2))
     assert rule.untuned(tensorized, CASCADELAKE)["main"].same_as(tensorized["main"])
     assert not rule.untuned(tvm.IRModule({"main": renamed}), CASCADELAKE)["main"].same_as(renamed)
 
@@ -138,8 +142,14 @@ def test_metaschedule_tunes_it_through_the_plugin_space(tmp_path):
                      database=ms.database.JSONDatabase(work_dir=str(tmp_path)))
     records = db.get_all_tuning_records()
     assert len(records) == 4 and all(r.run_secs and float(r.run_secs[0]) < 1 for r in records)
-    assert all("tvm_ext.q4_int8_group_avx512vnni" in str(r.trace) for r in records)
+    assert all("tvm_ext.q4_int8_group_avx512vnni" in str(r.trace) and "sample_perfect_tile" in str(r.trace)
+               for r in records)
     sch = ms.tir_integration.compile_tir(db, mod, target)
+    # a new process loads the records (their traces name our tile intrinsics, registered on load)
+    code = ("from tvm_ext.tune.database import open_database; "
+            f"print(len(open_database({str(tmp_path)!r}, read_only=True).get_all_tuning_records()))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "4", done.stderr[-500:]
     x, packed, scale, bias = _operands()
     want = g.reference_np(x, packed, scale, bias)
     np.testing.assert_allclose(_run(sch.mod, x, packed, scale, bias), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -308,12 +308,14 @@ def _json_database(path_workload: str, path_records: str, allow_missing: bool):
 
 def register_record_intrinsics() -> None:
     """Register the tensor intrinsics that records of our tensorized schedules name (VNNI,
-    AMX): a trace naming one cannot be loaded before."""
+    AMX, the q4 x int8 tiles): a trace naming one cannot be loaded before."""
     from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
+    from tvm_ext.intrinsics.q4_vnni import register_intrinsics as register_q4
     from tvm_ext.intrinsics.vnni import register_intrinsics
 
     register_intrinsics()
     register_amx()
+    register_q4()
 
 
 def _load(path_workload: str, path_records: str, allow_missing: bool,

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from .q4_int8 import gelu_tanh_np  # the NumPy gelu both arithmetics' references use
+from .q4_int8 import te_gelu_tanh as _te_gelu_tanh
 
 CONFIGS = {
     "full": dict(hidden=2560, heads=32, head_dim=80, mlp=10240, vocab=51200, rotary=32),
@@ -172,20 +173,6 @@ def _te_attn_value(p, v):
 
 
 # --------------------------------------------------------------------------- Relax graph
-def _te_gelu_tanh(y):
-    """gelu_tanh (Phi-2's "gelu_new") with TVM's ``fast_tanh`` (a rational function, float32
-    accurate to a few ulp) instead of ``relax.op.nn.gelu_tanh``: that one's ``tanh`` becomes a
-    scalar ``expf`` call per element on LLVM CPU targets, which kept fc1's epilogue loop from
-    vectorizing (~0.07 ms of fc1's 0.92 ms from DRAM on the AVX-512 host, session 15)."""
-    from tvm import te, tirx, topi
-
-    c = lambda v: tirx.const(v, y.dtype)  # noqa: E731
-    inner = te.compute(y.shape, lambda *i: c(math.sqrt(2.0 / math.pi)) * (
-        y(*i) + c(0.044715) * y(*i) * y(*i) * y(*i)), name="gelu_inner")
-    t = topi.fast_tanh(inner)
-    return te.compute(y.shape, lambda *i: c(0.5) * y(*i) * (c(1.0) + t(*i)), name="gelu_tanh")
-
-
 def _arg(a, dtype=None):
     """A weight as a Relax expression: NumPy arrays become constants, Relax Vars stay."""
     from tvm import relax

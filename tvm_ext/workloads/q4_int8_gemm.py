@@ -41,7 +41,7 @@ def gemm_compute(xq, xs, corr, wq, ws, bias, epilogue: str = "bias"):
     """The GEMM's output tensor (1, M, N) from TE tensors in the module doc's layouts."""
     from tvm import te, tirx
 
-    from .phi2_layers import _te_gelu_tanh
+    from .q4_int8 import te_gelu_tanh
 
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {EPILOGUES}, not {epilogue!r}")
@@ -63,7 +63,7 @@ def gemm_compute(xq, xs, corr, wq, ws, bias, epilogue: str = "bias"):
             "float32", dot[g, t, j // LANES, j % LANES] + corr[t, g]), axis=[g]),
         name=SCALE_BLOCK)
     out = te.compute((1, m, n), lambda _, t, j: y[0, t, j] + bias[j], name="q4_int8_bias")
-    return _te_gelu_tanh(out) if epilogue == "bias_gelu" else out
+    return te_gelu_tanh(out) if epilogue == "bias_gelu" else out
 
 
 def gemm_te(m: int, n: int, k: int, epilogue: str = "bias"):
