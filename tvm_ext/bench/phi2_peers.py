@@ -101,9 +101,9 @@ def to_matmulnbits(packed, scale):
     return b, scale.astype("float32").reshape(-1), zp.reshape(-1)
 
 
-def ort_model(copies, accuracy_level: int) -> bytes:
+def ort_model(copies, accuracy_level: int, tokens: int = 1) -> bytes:
     """Serialized ONNX graph: one MatMulNBits per weight copy ``(packed, scale, bias)``, all
-    reading input ``x`` [1, K], outputs ``y<i>`` [1, N]."""
+    reading input ``x`` [tokens, K], outputs ``y<i>`` [tokens, N]."""
     from onnx import TensorProto, helper, numpy_helper
 
     n, kw = copies[0][0].shape
@@ -116,9 +116,9 @@ def ort_model(copies, accuracy_level: int) -> bytes:
         nodes.append(helper.make_node("MatMulNBits", ["x", f"B{i}", f"s{i}", f"zp{i}", "", f"bias{i}"], [f"y{i}"],
                                       domain="com.microsoft", K=k, N=n, bits=4, block_size=GROUP,
                                       accuracy_level=accuracy_level))
-        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, n]))
-    graph = helper.make_graph(nodes, "matmulnbits", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
-                              outs, inits)
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [tokens, n]))
+    graph = helper.make_graph(nodes, "matmulnbits",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [tokens, k])], outs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
     return model.SerializeToString()

@@ -95,8 +95,8 @@ def vnni_peak(threads: int, chains: int = 24, steps: int = 200_000) -> float:
     return threads * chains * steps * 64 * 2 / sec
 
 
-def _gemm_ops(model) -> dict:
-    """{kernel name: int8 ops per call} of the prefill's GEMMs (2 M N K)."""
+def _gemm_shapes(model) -> dict:
+    """{kernel name: (M, N, K)} of the prefill's GEMMs."""
     from tvm_ext.workloads.q4_int8_gemm import DOT_BLOCK
 
     out = {}
@@ -104,7 +104,42 @@ def _gemm_ops(model) -> dict:
         blocks = [b for b in _blocks(mod["main"]) if b.name_hint == DOT_BLOCK]
         if blocks:
             ext = [int(iv.dom.extent) for iv in blocks[0].iter_vars]  # g, t, nb, 16, 4, 2, 4
-            out[name] = 2 * ext[1] * ext[2] * 16 * ext[0] * 32
+            out[name] = (ext[1], ext[2] * 16, ext[0] * 32)
+    return out
+
+
+PROJECTIONS = (("qkv", "qkv"), ("o", "dense"), ("fc1", "fc1"), ("fc2", "fc2"))  # (peer name, weight name)
+
+
+def ort_gemms(model, tokens: int, threads: int, repeat: int = 5, log=print) -> dict:
+    """{projection: {"M", "N", "K", "ms"}}: ONNX Runtime's MatMulNBits at accuracy_level 4 (int8
+    activations, as ours) on layer 0's weights and ``tokens`` random activation rows, one node per
+    session, the median of ``repeat`` runs after a warm-up (weights in cache: at prompt sizes the
+    GEMM is compute-bound, ~0.1 int8 op per weight byte read per token)."""
+    import onnxruntime as ort
+
+    from tvm_ext.bench.phi2_peers import ort_model
+    from tvm_ext.bench.timing import wait_until_idle
+
+    weights, rng, out = model.layer_weights(0), np.random.default_rng(0), {}
+    for proj, wname in PROJECTIONS:
+        packed, scale, bias = weights[wname]
+        n, k = packed.shape[0], packed.shape[1] * 8
+        x = {"x": rng.standard_normal((tokens, k)).astype("float32")}
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        sess = ort.InferenceSession(ort_model([(packed, scale, bias)], 4, tokens), so,
+                                    providers=["CPUExecutionProvider"])
+        sess.run(None, x)
+        times = []
+        for _ in range(repeat):
+            wait_until_idle()
+            t0 = time.perf_counter()
+            sess.run(None, x)
+            times.append(time.perf_counter() - t0)
+        sess = None  # its spinning pool gone before the next one
+        out[proj] = {"M": tokens, "N": n, "K": k, "ms": 1e3 * float(np.median(times))}
+        log(f"ORT MatMulNBits (accuracy_level 4) {proj} {tokens}x{k}x{n}: {out[proj]['ms']:.2f} ms")
     return out
 
 
@@ -149,10 +184,13 @@ def _timed_prompt(dec, prompt, context, tokens, repeat, log):
 
 
 def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tokens=16, context=0, threads=None,
-                log=print, target="llvm", seed=0, database=None, repeat=3, reference=True, tune_trials=0) -> dict:
+                log=print, target="llvm", seed=0, database=None, repeat=3, reference=True, tune_trials=0,
+                ort=False) -> dict:
     """Run each of ``schedules`` on the same prompt (see the module doc); one JSON-able dict.
     ``tune_trials``: first tune the model's prompt kernels that many trials each into ``database``
-    (the kernels depend on prompt, context + prompt + tokens and config: tune with the same)."""
+    (the kernels depend on prompt, context + prompt + tokens and config: tune with the same).
+    ``ort``: also ONNX Runtime's MatMulNBits on each projection's shape (``ort_gemms``), each row's
+    GEMMs compared with it (``gemm_vs_ort``: our ms / ORT's, per projection)."""
     import tvm
 
     from tvm_ext.targets import describe_host, physical_cores
@@ -175,19 +213,26 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     ids = [int(t) for t in np.random.default_rng([seed, 7]).integers(model.cfg["vocab"], size=prompt)]
     if tune_trials:
         tune_prompt(model, target, database, tune_trials, threads, log)
-    gemm_ops = _gemm_ops(model)
+    shapes = _gemm_shapes(model)
     dev, rows, shared = tvm.cpu(0), [], None
     for how in schedules:
         dec = decoder(model, target, how, dev=dev, log=log, database=database, share=shared)
         shared = shared or dec
         row = {"schedule": how, "rules": dec.rules, **_timed_prompt(dec, ids, context, tokens, repeat, log)}
         calls = layers  # each prefill kernel runs once per layer
-        row["gemm_tops"] = {n: ops * calls / row["kernel_s"][n] / 1e12 for n, ops in gemm_ops.items()
-                            if row["kernel_s"].get(n)}
+        row["gemm_ms"] = {n: 1e3 * row["kernel_s"][n] / calls for n in shapes if row["kernel_s"].get(n)}
+        row["gemm_tops"] = {n: 2 * m * nn * k / (row["gemm_ms"][n] / 1e3) / 1e12
+                            for n, (m, nn, k) in shapes.items() if n in row["gemm_ms"]}
         rows.append(row)
         log(f"{how}: prefill {row['tok_s']:.1f} tok/s, first token after {row['ttft_s']:.2f} s")
     out = {"config": config, "layers": layers, "prompt": prompt, "context": context, "tokens": tokens,
            "threads": threads, "device": describe_host(), "rows": rows}
+    if ort:
+        out["ort_gemms"] = ort_gemms(model, prompt, threads, log=log)
+        by_shape = {(g["M"], g["N"], g["K"]): proj for proj, g in out["ort_gemms"].items()}
+        for r in rows:
+            r["gemm_vs_ort"] = {by_shape[shapes[n]]: ms / out["ort_gemms"][by_shape[shapes[n]]]["ms"]
+                                for n, ms in r["gemm_ms"].items() if shapes[n] in by_shape}
     if reference:
         fmodel = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="float")
         fdec = decoder(fmodel, target, "rule", dev=dev, log=log, share=shared)

@@ -44,13 +44,15 @@ def add_parser(sub) -> None:
                         "(default both)")
     p.add_argument("--tune", type=count, default=0, metavar="TRIALS",
                    help="with --prompt: first tune the prompt's kernels TRIALS trials each (resumable) into "
-                        f"--database (default {PROMPT_DATABASE}; 32 trials: ~15 minutes "
+                        f"--database (default {PROMPT_DATABASE}; 32 trials: ~4 minutes "
                         "for a prompt size on 2 cores)")
     p.add_argument("--peers", default="", metavar="LIST",
-                   help="with --prompt: llama.cpp (its llama-bench built from the llama-cpp-python sdist on first "
-                        "use, ~6 minutes on 2 cores, cached in ~/.cache/tvm_ext/llama_cpp or "
-                        "$TVM_EXT_LLAMA_CPP_CACHE; a Phi-2-shaped Q4_0 GGUF with random weights) measured in the "
-                        "same run, same threads")
+                   help="with --prompt, comma-separated: llama.cpp (its llama-bench built from the "
+                        "llama-cpp-python sdist on first use, ~6 minutes on 2 cores, cached in "
+                        "~/.cache/tvm_ext/llama_cpp or $TVM_EXT_LLAMA_CPP_CACHE; a Phi-2-shaped Q4_0 GGUF with random "
+                        "weights) measured in the same run, same threads; ort: ONNX Runtime's MatMulNBits "
+                        "(accuracy_level 4) on each "
+                        "projection's shape beside our GEMMs")
     p.add_argument("--threads", type=count, default=None,
                    help="TVM worker threads (default: the physical cores; TVM's own default on x86 is half the "
                         "logical CPUs, 1 on a 2-vCPU VM)")

@@ -5,7 +5,7 @@ import os
 
 PROMPT_DATABASE = "tvm_ext_work/phi2-prompt-llvm"
 SAVED_PROMPT_DATABASE = "tuning_logs/phi2-prompt-llvm"
-PEERS = ("llama.cpp",)
+PEERS = ("llama.cpp", "ort")
 
 
 def run_prompt(args) -> int:
@@ -36,7 +36,7 @@ def run_prompt(args) -> int:
     quiet = (lambda msg: None) if args.quiet else log
     out = prompt_rows(schedules, config=args.config, layers=args.layers, prompt=args.prompt, tokens=args.tokens,
                       context=context, threads=args.threads, log=quiet, seed=args.seed, database=database,
-                      tune_trials=args.tune)
+                      tune_trials=args.tune, ort="ort" in peers)
     out["database"] = database if "tuned" in schedules else None
     if "llama.cpp" in peers:
         from tvm_ext.bench.llama_cpp import prefill_peer
@@ -74,6 +74,9 @@ def format_prompt_table(d, top: int = 6) -> str:
             peak, tops = d.get("vnni_peak_tops"), r["gemm_tops"].values()
             share = f" ({100 * min(tops) / peak:.0f}-{100 * max(tops) / peak:.0f}% of the peak)" if peak else ""
             lines.append(f"{r['schedule']} GEMMs, int8 TOPS: {parts}{share}")
+        if r.get("gemm_vs_ort"):
+            lines.append(f"{r['schedule']} GEMMs vs ORT MatMulNBits (accuracy_level 4), time ratio: " + ", ".join(
+                f"{p} {v:.2f}" for p, v in r["gemm_vs_ort"].items()))
         cmp = r.get("vs_float")
         if cmp:
             lines.append(f"{r['schedule']} vs the float path: {100 * cmp['same_tokens']:.0f}% same tokens, first "
