@@ -95,7 +95,7 @@ def test_cli_generate_prompt_json(tmp_path, capsys):
     (["--prompt", "7"], "--prompt must be even"),
     (["--tune", "4"], "--tune and --peers go with --prompt N"),
     (["--prompt", "8", "--schedule", "dlight"], "with --prompt, --schedule takes int8, tuned"),
-    (["--prompt", "8", "--peers", "ort"], "unknown peer 'ort'"),
+    (["--prompt", "8", "--peers", "torch"], "unknown peer 'torch'"),
     (["--prompt", "8", "--schedule", "tuned", "--database", "/nonexistent/db"], "no tuning database"),
 ])
 def test_cli_prompt_bad_input(argv, message, capsys):
