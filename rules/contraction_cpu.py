@@ -56,15 +56,28 @@ def _form(func) -> Optional[str]:
     loops = sch.get_loops(blocks[0])
     if len(loops) != len(kinds):
         return None
-    reduce_var, last_spatial = block.iter_vars[-1].var, block.iter_vars[-2].var
+    reduce_var = block.iter_vars[-1].var
+    if _axpy_load(block) is not None:
+        return "axpy" if int(block.iter_vars[-2].dom.extent) % CHUNK == 0 else None
     load = _big_load(block)
     if load is None:
         return None
     last_index = load.indices[-1]
     if isinstance(last_index, tirx.Var) and last_index.same_as(reduce_var):
         return "dot" if int(block.iter_vars[-1].dom.extent) % LANES == 0 else None
-    if _uses(last_index, last_spatial) and not _uses(last_index, reduce_var):
-        return "axpy" if int(block.iter_vars[-2].dom.extent) % CHUNK == 0 else None
+    return None
+
+
+def _axpy_load(block):
+    """The load whose innermost index follows the output's innermost var and not the reduction
+    (``V[r, c // d, c % d]`` in attention's values), or None.  Checked before the size of the
+    operands: with many queries the probabilities outgrow the values they weigh."""
+    reduce_var, last_spatial = block.iter_vars[-1].var, block.iter_vars[-2].var
+    for load in collect(block.body, TensorLoad):
+        last_index = load.indices[-1]
+        if _uses(last_index, last_spatial) and not _uses(last_index, reduce_var):
+            if not load.source.same_as(block.writes[0].source):
+                return load
     return None
 
 
@@ -81,7 +94,9 @@ def _big_load(block):
     return next((load for load in collect(block.body, TensorLoad) if load.source.same_as(big.source)), None)
 
 
-def _schedule(name: str, func):
+def schedule_of(func, name: str = "main"):
+    """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
+    tuning database), or None where it does not match."""
     form = _form(func)
     if form is None:
         return None
@@ -97,7 +112,7 @@ def _schedule(name: str, func):
             _axpy(sch, block, spatial, red)
     except ScheduleError:
         return None
-    return sch.mod[name]
+    return sch
 
 
 def _in_memory_order(sch, block, loops) -> list:
@@ -121,13 +136,53 @@ def _dot(sch, block, spatial, red) -> None:
     sch.parallel(outer)
     _ro, lanes = sch.split(red, [None, LANES])
     partial = sch.rfactor(lanes, 0)
-    # the partial sums: one vector of LANES per output, over contiguous elements
-    *_, r_o, r_v = sch.get_loops(partial)
+    # the partial sums: one vector of LANES per output, over contiguous elements, computed at
+    # the output (with many queries a buffer of them all would be outputs x LANES floats)
+    sch.compute_at(partial, outer)
+    *_, r_v, r_o = sch.get_loops(partial)  # compute_at puts the spatial lane loop first
+    sch.reorder(r_o, r_v)
     sch.vectorize(r_v)
     sch.decompose_reduction(partial, r_o)
 
 
+QUERIES = 4  # queries sharing each loaded row of the operand (several queries: prefill attention)
+
+
+def _row_length(block, var) -> Optional[int]:
+    """D when the larger operand is indexed by ``var % D`` (a fused heads x head_dim output axis)."""
+    for index in _axpy_load(block).indices:
+        if isinstance(index, tirx.FloorMod) and isinstance(index.a, tirx.Var) and index.a.same_as(var) \
+                and isinstance(index.b, tirx.IntImm):
+            return int(index.b.value)
+    return None
+
+
+def _axpy_rows(sch, block, spatial, red, length: int) -> None:
+    """The axpy form over an output axis fused of heads x ``length``: split there (each row of the
+    operand contiguous, no per-lane head index), QUERIES queries per step sharing each loaded row."""
+    *rows, last = spatial
+    head, lane = sch.split(last, [None, length])
+    queries = rows[-1] if rows else None
+    extent = int(sch.get(queries).extent) if queries is not None else 1
+    inner = []
+    if extent % QUERIES == 0 and extent > 1:
+        q_o, q_i = sch.split(queries, [None, QUERIES])
+        rows, inner = rows[:-1] + [q_o], [q_i]
+    strip, lane = sch.split(lane, [None, 2 * LANES])  # each step reads one cache line of the row
+    sch.reorder(head, *rows, strip, red, *inner, lane)
+    outer = sch.fuse(head, *rows, strip)
+    sch.parallel(outer)
+    _lane_o, lane_v = sch.split(lane, [None, LANES])
+    sch.vectorize(lane_v)
+    sch.decompose_reduction(block, red)
+
+
 def _axpy(sch, block, spatial, red) -> None:
+    length = _row_length(sch.get(block), sch.get(block).iter_vars[-2].var)
+    queries = int(sch.get(spatial[-2]).extent) if len(spatial) > 1 else 1
+    if length is not None and length % (2 * LANES) == 0 and queries > 1:
+        _axpy_rows(sch, block, spatial, red, length)
+        return
     *rows, last = spatial
     chunk, inner = sch.split(last, [None, CHUNK])
     outer = sch.fuse(*rows, chunk) if rows else chunk
@@ -142,11 +197,11 @@ def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=
     """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
     out = {}
     for gv, func in mod.functions.items():
-        scheduled = _schedule(gv.name_hint, func) if isinstance(func, tirx.PrimFunc) else None
-        out[gv] = func if scheduled is None else scheduled
+        sch = schedule_of(func, gv.name_hint) if isinstance(func, tirx.PrimFunc) else None
+        out[gv] = func if sch is None else sch.mod[gv.name_hint]
     return tvm.IRModule(out, attrs=mod.attrs)
 
 
 def matches(func) -> bool:
     """Whether ``untuned`` schedules ``func`` (a contraction this rule handles)."""
-    return _schedule("main", func) is not None
+    return schedule_of(func) is not None

@@ -29,6 +29,7 @@ from typing import Optional
 
 import tvm
 from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
@@ -162,20 +163,30 @@ def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
         return mod
     out = {}
     for gv, func in mod.functions.items():
-        found = root_child_blocks(func)
-        out[gv] = func
-        if found is None:
-            continue
-        sch, blocks = found
-        p = next((m for m in (match(sch, b) for b in blocks) if m is not None), None)
-        if p is None:
-            continue
-        try:
-            schedule(sch, p, *sketches(p)[0])
-        except ScheduleError:
-            continue
-        out[gv] = sch.mod["main"]
+        sch = schedule_of(func, gv.name_hint) if isinstance(func, tvm.tirx.PrimFunc) else None
+        out[gv] = func if sch is None else sch.mod[gv.name_hint]
     return tvm.IRModule(out, attrs=mod.attrs)
+
+
+def schedule_of(func, name: str = "main", target=None):
+    """A Schedule of ``func`` (as ``name``) with the first sketch applied (its trace can seed a
+    tuning database), or None where it does not hold the pattern (or ``target`` lacks AVX-512 VNNI)."""
+    if target is not None and not supported(tvm.target.Target(target)):
+        return None
+    found = root_child_blocks(func)
+    if found is None:
+        return None
+    sch, blocks = found
+    p = next((m for m in (match(sch, b) for b in blocks) if m is not None), None)
+    if p is None:
+        return None
+    sch = Schedule(tvm.IRModule({name: func}))
+    sch.work_on(name)
+    try:
+        schedule(sch, p, *sketches(p)[0])
+    except ScheduleError:
+        return None
+    return sch
 
 
 @derived_object

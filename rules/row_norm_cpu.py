@@ -71,7 +71,9 @@ def _plan(func) -> Optional[tuple]:
     return last.name_hint, [b.name_hint for b in stats], rows, d
 
 
-def _schedule(name: str, func):
+def schedule_of(func, name: str = "main"):
+    """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
+    tuning database), or None where it does not match."""
     plan = _plan(func)
     if plan is None:
         return None
@@ -94,18 +96,18 @@ def _schedule(name: str, func):
             sch.parallel(row)
     except ScheduleError:
         return None
-    return sch.mod[name]
+    return sch
 
 
 def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
     """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
     out = {}
     for gv, func in mod.functions.items():
-        scheduled = _schedule(gv.name_hint, func) if isinstance(func, tvm.tirx.PrimFunc) else None
-        out[gv] = func if scheduled is None else scheduled
+        sch = schedule_of(func, gv.name_hint) if isinstance(func, tvm.tirx.PrimFunc) else None
+        out[gv] = func if sch is None else sch.mod[gv.name_hint]
     return tvm.IRModule(out, attrs=mod.attrs)
 
 
 def matches(func) -> bool:
     """Whether ``untuned`` schedules ``func`` (a row normalization this rule handles)."""
-    return _schedule("main", func) is not None
+    return schedule_of(func) is not None

@@ -102,3 +102,22 @@ def test_cli_prompt_bad_input(argv, message, capsys):
     assert main(["generate", "--config", "reduced", "--layers", "1"] + argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@needs_vnni
+def test_tuning_starts_from_our_rules(model, tmp_path):
+    """seed_rules commits our untuned schedule of every kernel a rule matches, measured by the tuning
+    runner; the tuned row then uses those records (so tuning can only keep or beat them)."""
+    from tvm_ext.bench.phi2_prompt import prompt_kernels, rule_schedule, seed_rules
+    from tvm_ext.tune.database import open_database, records_of
+
+    mods = prompt_kernels(model)
+    target = resolve_target("llvm")
+    ours = {n for n, m in mods.items() if rule_schedule(m, target) is not None}
+    assert {n for n in ours if "q4_int8_gemm" in n} and {n for n in ours if "attn" in n}
+    assert seed_rules(mods, target, str(tmp_path), log=lambda m: None) == len(ours)
+    assert seed_rules(mods, target, str(tmp_path), log=lambda m: None) == 0  # resumed: nothing twice
+    db = open_database(str(tmp_path), read_only=True)
+    assert {n for n, m in mods.items() if records_of(db, m)} == ours
+    _, used = schedule(model.mod, target, "tuned", str(tmp_path))
+    assert all(used[n] == "tuned" for n in ours)

@@ -52,14 +52,50 @@ def prompt_kernels(model) -> dict:
 
 
 def tune_prompt(model, target, db_dir: str, trials: int, threads=None, log=print) -> dict:
-    """Tune every ``prompt_kernels`` kernel up to ``trials`` records in ``db_dir`` (resumes)."""
+    """Tune every ``prompt_kernels`` kernel up to ``trials`` records in ``db_dir`` (resumes), each
+    starting from our rules' untuned schedule (``seed_rules``): the tuned row never loses to it."""
     from tvm_ext.targets import physical_cores, resolve_target
     from tvm_ext.tune.kernels import tune_kernels
 
     _set_threads(threads or physical_cores())  # the runner's workers inherit it
-    mods = prompt_kernels(model)
-    log(f"tuning {len(mods)} prompt kernels, {trials} trials each, into {db_dir}")
-    return tune_kernels(mods, resolve_target(target), db_dir, trials, log=log)
+    mods, target = prompt_kernels(model), resolve_target(target)
+    seeded = seed_rules(mods, target, db_dir, log)
+    log(f"tuning {len(mods)} prompt kernels, {trials} trials each ({seeded} seeded with our rules' schedule), "
+        f"into {db_dir}")
+    return tune_kernels(mods, target, db_dir, trials, log=log)
+
+
+def rule_schedule(mod, target):
+    """Our rules' untuned Schedule of kernel ``mod`` (the q4 x int8 GEMM, a row normalization or a
+    contraction), or None."""
+    from tvm_ext.rules import contraction_cpu, q4_int8_gemm, row_norm_cpu
+
+    func = mod["main"]
+    return (q4_int8_gemm.schedule_of(func, target=target) or row_norm_cpu.schedule_of(func)
+            or contraction_cpu.schedule_of(func))
+
+
+def seed_rules(mods: dict, target, db_dir: str, log=print) -> int:
+    """Commit, for each kernel of ``mods`` with no record in ``db_dir``, our rules' untuned schedule
+    (``rule_schedule``) with the seconds the tuning runner measures: the search starts from it and
+    a tuned record ranks above it only when that runner measured it faster.  Returns how many."""
+    from tvm_ext.tune.database import records_of
+    from tvm_ext.tune.kernels import kernel_database
+    from tvm_ext.tune.runner import make_runner, runner_seconds
+    from tvm_ext.tune.transfer import commit_measured
+
+    database, runner, picked = kernel_database(db_dir, log), None, {}
+    for name, mod in mods.items():
+        sch = None if records_of(database, mod) else rule_schedule(mod, target)
+        if sch is not None:
+            picked[name] = (mod, sch)
+    if picked:
+        log(f"measuring our rules' schedules of {len(picked)} kernels with the tuning runner ...")
+        runner = make_runner()
+        secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, runner)
+        for name, (mod, sch) in picked.items():
+            commit_measured(database, mod, sch, secs[name], target)
+    return len(picked)
 
 
 def vnni_peak(threads: int, chains: int = 24, steps: int = 200_000) -> float:
