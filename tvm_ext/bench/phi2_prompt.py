@@ -187,8 +187,6 @@ def _blocks(func):
 
 def _timed_prompt(dec, prompt, context, tokens, repeat, log):
     """{ttft_s, prefill_s, tok_s, decode_tok_s, generated, first_logits, kernel_s} of ``dec``."""
-    from tvm import relax
-
     dec.fill_past(context)
     t0 = time.perf_counter()
     first = dec.prefill(prompt, context)
@@ -200,17 +198,7 @@ def _timed_prompt(dec, prompt, context, tokens, repeat, log):
         dec.prefill(prompt, context)
         times.append(time.perf_counter() - t0)
         log(f"prefill {i + 1}/{repeat}: {len(prompt) / times[-1]:.1f} tok/s")
-    vm, kernel_s, start = relax.VirtualMachine(dec.rt, dec.dev), {}, {}
-
-    def instrument(func, name, before, ret, *args):
-        if before:
-            start[name] = time.perf_counter()
-        elif not name.startswith("vm.builtin"):
-            kernel_s[name] = kernel_s.get(name, 0.0) + time.perf_counter() - start[name]
-        return 0
-
-    vm.set_instrument(instrument)
-    dec.prefill(prompt, context, call=lambda name, *args: vm[name](*args))
+    kernel_s = dec.timed_kernels(lambda call: dec.prefill(prompt, context, call=call))
     t0 = time.perf_counter()
     ids, _ = dec.generate(prompt, tokens, start=context)
     gen_s = time.perf_counter() - t0 - min(times)  # the generate repeats the prefill first

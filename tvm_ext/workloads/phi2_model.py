@@ -308,6 +308,11 @@ class Decoder:
     def kernel_times(self, token, pos):
         """Seconds spent in each kernel (PrimFunc name, summed over its calls in all layers)
         during one step, timed around every VM call (the step re-runs position ``pos``)."""
+        return self.timed_kernels(lambda call: self.step(token, pos, call=call))
+
+    def timed_kernels(self, run):
+        """Seconds per kernel (as ``kernel_times``) of ``run(call)``, which makes its VM calls
+        through ``call(name, *args)`` (``step`` and ``prefill`` take it)."""
         from tvm import relax
 
         vm, times, start = relax.VirtualMachine(self.rt, self.dev), {}, {}
@@ -320,7 +325,7 @@ class Decoder:
             return 0
 
         vm.set_instrument(instrument)
-        self.step(token, pos, call=lambda name, *args: vm[name](*args))
+        run(lambda name, *args: vm[name](*args))
         return times
 
     def generate(self, prompt, tokens, start=0, on_token=None):
