@@ -1,4 +1,4 @@
-"""Q4Int8GEMM: prefill GEMMs of q4 weights x int8 activations on AVX-512 VNNI CPUs.
+"""Q4Int8GEMM: prefill GEMMs of q4 weights x int8 activations on x86 CPUs with VNNI.
 
 Pattern (by structure, see ``match``): an int32 block ``dot[g, t, nb, i] = sum_{v, p, b} ((W[nb, g*4+v, i]
 >> (8b + 4p)) & 15) * X[t, g*4+v, p, b]`` (uint32 words of 16 columns side by side, int8 activations
@@ -13,7 +13,7 @@ as written run scalar; a float GEMM on dequantized weights leaves the int8 units
   bytes) in L2 while every token tile uses them, M/MB chunks keep a token tile's activations instead;
 * per group of 32 inputs, the integer block computed at the group (``compute_at``): MB x NB int32
   accumulators, tensorized with ``intrinsics.q4_vnni`` (each packed word unpacked once for all MB
-  tokens, two ``vpdpbusd`` per token and word);
+  tokens, two ``vpdpbusd`` per token and word: 512-bit with AVX-512 VNNI, twice 256-bit with AVX-VNNI);
 * the group's float step vectorized over the 16 columns (zero-point term, convert, both scales, FMA
   into the tile's float accumulators), the bias / gelu epilogue at the tile.
 
@@ -108,19 +108,22 @@ def column_tiles(p: Q4GemmPattern) -> list:
     return [n for n in q4_vnni.COLUMN_TILES if p.column_blocks % n == 0]
 
 
-def sketches(p: Q4GemmPattern) -> list:
-    """Every (MB, NB) the rule offers for ``p``, the defaults first."""
+def sketches(p: Q4GemmPattern, lanes: int = q4_vnni.LANES) -> list:
+    """Every (MB, NB) the rule offers for ``p``, the defaults first: 4 x 2 with 512-bit vpdpbusd, 2 x 2
+    with 256-bit (16 vector registers without AVX-512: 4 x 2 tiles spill, 0.46 vs 0.80 TOPS on Zen 4)."""
     mbs, nbs = token_tiles(p), column_tiles(p)
-    first = (max(m for m in mbs if m <= DEFAULT_MB), max(n for n in nbs if n <= DEFAULT_NB))
+    default_mb = DEFAULT_MB if lanes == q4_vnni.LANES else 2
+    first = (max(m for m in mbs if m <= default_mb), max(n for n in nbs if n <= DEFAULT_NB))
     return [first] + [(m, n) for m in mbs for n in nbs if (m, n) != first]
 
 
 def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, chunks=1, sample: bool = False,
-             annotate: bool = False) -> None:
+             annotate: bool = False, lanes: int = q4_vnni.LANES) -> None:
     """Schedule the matched GEMM in place with MB x NB*16 tiles (module doc).  The token tiles are
     cut into ``chunks`` chunks, each passing over all column tiles in turn: 1 = columns outer (a
     column tile's weights stay in cache while every token tile uses them), M / MB = tokens outer.
-    With ``sample`` that cut is a sampled decision (a perfect tile, first draw ``chunks``)."""
+    With ``sample`` that cut is a sampled decision (a perfect tile, first draw ``chunks``).  ``lanes``:
+    the tile intrinsic's vpdpbusd width (16: AVX-512 VNNI, 8: AVX-VNNI; ``q4_vnni.lanes_for``)."""
     dot, scale = sch.get_sblock(p.dot), sch.get_sblock(p.scale)
     *outer, t, j, g = sch.get_loops(scale)
     t_o, t_i = sch.split(t, [None, mb])
@@ -141,7 +144,7 @@ def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, chunks=1, sample: bool = F
     sch.compute_at(dot, g)
     inner = sch.get_loops(dot)[len(outer) + 2:]  # below ``tiles`` and ``g``
     sch.decompose_reduction(dot, inner[0])
-    sch.tensorize(inner[0], q4_vnni.register(mb, nb))
+    sch.tensorize(inner[0], q4_vnni.register(mb, nb, lanes))
     sch.vectorize(j_i)
     if annotate:  # the root too: its parallel/vectorize annotations would be rewritten onto loops that
         # are parallel already, around the tensorized block (RewriteParallelVectorizeUnroll fails there)
@@ -150,28 +153,29 @@ def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, chunks=1, sample: bool = F
 
 
 def supported(target) -> bool:
-    """Whether ``target`` has AVX-512 VNNI (the intrinsic's 512-bit vpdpbusd)."""
-    from tvm_ext.targets import vnni_kinds  # pylint: disable=import-outside-toplevel
-
-    return target is not None and "avx512vnni" in vnni_kinds(target)
+    """Whether ``target`` has AVX-512 VNNI or AVX-VNNI (the tile intrinsic's vpdpbusd)."""
+    return target is not None and q4_vnni.lanes_for(target) is not None
 
 
 def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
     """Every PrimFunc of ``mod`` holding the pattern scheduled with the first sketch; the others
-    unchanged (all of them where ``target`` lacks AVX-512 VNNI)."""
-    if not supported(tvm.target.Target(target)):
+    unchanged (all of them where ``target`` has neither VNNI form)."""
+    target = tvm.target.Target(target)
+    if not supported(target):
         return mod
     out = {}
     for gv, func in mod.functions.items():
-        sch = schedule_of(func, gv.name_hint) if isinstance(func, tvm.tirx.PrimFunc) else None
+        sch = schedule_of(func, gv.name_hint, target) if isinstance(func, tvm.tirx.PrimFunc) else None
         out[gv] = func if sch is None else sch.mod[gv.name_hint]
     return tvm.IRModule(out, attrs=mod.attrs)
 
 
 def schedule_of(func, name: str = "main", target=None):
-    """A Schedule of ``func`` (as ``name``) with the first sketch applied (its trace can seed a
-    tuning database), or None where it does not hold the pattern (or ``target`` lacks AVX-512 VNNI)."""
-    if target is not None and not supported(tvm.target.Target(target)):
+    """A Schedule of ``func`` (as ``name``) with the first sketch applied for ``target``'s VNNI form
+    (AVX-512 VNNI when no target is given; its trace can seed a tuning database), or None where it
+    does not hold the pattern or ``target`` has no VNNI."""
+    lanes = q4_vnni.LANES if target is None else q4_vnni.lanes_for(tvm.target.Target(target))
+    if lanes is None:
         return None
     found = root_child_blocks(func)
     if found is None:
@@ -183,7 +187,7 @@ def schedule_of(func, name: str = "main", target=None):
     sch = Schedule(tvm.IRModule({name: func}))
     sch.work_on(name)
     try:
-        schedule(sch, p, *sketches(p)[0])
+        schedule(sch, p, *sketches(p, lanes)[0], lanes=lanes)
     except ScheduleError:
         return None
     return sch
@@ -192,24 +196,24 @@ def schedule_of(func, name: str = "main", target=None):
 @derived_object
 class Q4Int8GEMM(PyScheduleRule):
     """Schedule rule: one sketch per (MB, NB) for the q4 x int8 GEMM (module doc); other
-    blocks pass.  Offers nothing where the target lacks AVX-512 VNNI."""
+    blocks pass.  Offers nothing where the target has neither AVX-512 VNNI nor AVX-VNNI."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.enabled = True
+        self.lanes = q4_vnni.LANES
 
     def _initialize_with_tune_context(self, context) -> None:
-        self.enabled = supported(context.target)
+        self.lanes = q4_vnni.lanes_for(context.target)
 
     def apply(self, sch, block):
-        p = match(sch, block) if self.enabled else None
+        p = match(sch, block) if self.lanes else None
         if p is None:
             return [sch]
         out = []
-        for mb, nb in sketches(p):
+        for mb, nb in sketches(p, self.lanes):
             cand = sch.copy()
             try:
-                schedule(cand, p, mb, nb, sample=True, annotate=True)
+                schedule(cand, p, mb, nb, sample=True, annotate=True, lanes=self.lanes)
             except ScheduleError:
                 continue
             out.append(cand)
@@ -217,5 +221,5 @@ class Q4Int8GEMM(PyScheduleRule):
 
     def clone(self):
         other = Q4Int8GEMM()
-        other.enabled = self.enabled
+        other.lanes = self.lanes
         return other

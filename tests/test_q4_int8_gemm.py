@@ -24,6 +24,7 @@ from tvm_ext.workloads.phi2_layers import _quantized_linear  # noqa: E402
 
 HOST = resolve_target("llvm")
 CASCADELAKE = resolve_target({"kind": "llvm", "mcpu": "cascadelake"})
+ALDERLAKE = resolve_target({"kind": "llvm", "mcpu": "alderlake"})  # AVX-VNNI, no AVX-512
 ON_VNNI = rule.supported(HOST)
 M, N, K = 8, 64, 96
 
@@ -37,19 +38,19 @@ def _operands(m=M, n=N, k=K, seed=0):
     return x, packed, scale, bias
 
 
-def _scheduled(func, sketch):
+def _scheduled(func, sketch, lanes=16):
     sch = Schedule(tvm.IRModule({"main": func}))
     p = rule.match(sch, sch.get_sblock(g.DOT_BLOCK))
-    rule.schedule(sch, p, *sketch)
+    rule.schedule(sch, p, *sketch, lanes=lanes)
     return sch.mod
 
 
-def _run(mod, x, packed, scale, bias, m=M, n=N):
+def _run(mod, x, packed, scale, bias, m=M, n=N, target=HOST):
     dev = tvm.cpu()
     wq, ws = g.repack(packed, scale)
     args = [tvm.runtime.tensor(a, dev) for a in (*g.quantize_np(x), wq, ws, bias)]
     y = tvm.runtime.tensor(np.zeros((1, m, n), "float32"), dev)
-    tvm.compile(mod, target=HOST)["main"](*args, y)
+    tvm.compile(mod, target=target)["main"](*args, y)
     return y.numpy()[0]
 
 
@@ -95,6 +96,26 @@ def test_every_sketch_computes_the_reference(epilogue):
             assert "vpdpbusd" in asm, sketch
 
 
+@pytest.mark.parametrize("epilogue", g.EPILOGUES)
+def test_avx_vnni_form(epilogue):
+    """The 256-bit form (AVX-VNNI, e.g. Alder Lake): two ymm vpdpbusd per 16 columns, no zmm; run
+    where the host has AVX-VNNI (the AVX-512 VNNI hosts of Zen 4 and Sapphire Rapids do too)."""
+    from tvm_ext.intrinsics import q4_vnni
+    from tvm_ext.targets import vnni_kinds
+
+    assert q4_vnni.lanes_for(ALDERLAKE) == 8 and q4_vnni.lanes_for(CASCADELAKE) == 16
+    x, packed, scale, bias = _operands()
+    want = g.reference_np(x, packed, scale, bias, epilogue)
+    func = g.gemm(M, N, K, epilogue)
+    untuned = rule.untuned(tvm.IRModule({"main": func}), ALDERLAKE)
+    asm = tvm.compile(untuned, target=ALDERLAKE).mod.inspect_source("asm")
+    assert "vpdpbusd" in asm and "zmm" not in asm
+    if "avxvnni" in vnni_kinds(HOST):
+        for sketch in ((2, 2, 1), (4, 2, 1), (8, 4, M // 8)):
+            got = _run(_scheduled(func, sketch, lanes=8), x, packed, scale, bias, target=ALDERLAKE)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=str(sketch))
+
+
 def test_match_is_by_structure():
     """Blocks renamed still match; a function already scheduled (tensorized) does not."""
     script = g.gemm(M, N, K).script().replace(g.DOT_BLOCK, "first").replace(g.SCALE_BLOCK, "second")
@@ -121,8 +142,8 @@ def test_other_nibble_orders_and_kernels_are_left_alone():
     mod = tvm.IRModule({"main": func})
     assert rule.untuned(mod, CASCADELAKE)["main"].same_as(func)
     gemm = tvm.IRModule({"main": g.gemm(M, N, K)})
-    for target in ({"kind": "llvm", "mcpu": "haswell"}, {"kind": "llvm", "mcpu": "alderlake"}):
-        assert rule.untuned(gemm, target)["main"].same_as(gemm["main"]), target  # no AVX-512 VNNI
+    for target in ({"kind": "llvm", "mcpu": "haswell"}, {"kind": "llvm", "mcpu": "znver3"}):
+        assert rule.untuned(gemm, target)["main"].same_as(gemm["main"]), target  # no VNNI
 
 
 @pytest.mark.skipif(not ON_VNNI, reason="this host has no AVX-512 VNNI (the rule offers nothing here)")
@@ -142,7 +163,7 @@ def test_metaschedule_tunes_it_through_the_plugin_space(tmp_path):
                      database=ms.database.JSONDatabase(work_dir=str(tmp_path)))
     records = db.get_all_tuning_records()
     assert len(records) == 4 and all(r.run_secs and float(r.run_secs[0]) < 1 for r in records)
-    assert all("tvm_ext.q4_int8_group_avx512vnni" in str(r.trace) and "sample_perfect_tile" in str(r.trace)
+    assert all("tvm_ext.q4_int8_group_avx" in str(r.trace) and "sample_perfect_tile" in str(r.trace)
                for r in records)
     sch = ms.tir_integration.compile_tir(db, mod, target)
     # a new process loads the records (their traces name our tile intrinsics, registered on load)

@@ -12,7 +12,8 @@ activations quantized to int8, stored per word as its even inputs then its odd o
 columns' words, ``& 0x0F0F0F0F`` (the even inputs' nibbles, one per byte) and ``>> 4 & 0x0F0F0F0F``
 (the odd ones'): unpacked once and used by all MB tokens, each one ``vpdpbusd`` (unsigned nibbles x
 the token's 4 signed activation bytes broadcast) per parity.  The MB x NB accumulators stay in
-registers for the whole group.  Needs AVX-512 VNNI (16 int32 lanes).
+registers for the whole group.  ``lanes=16``: one 512-bit ``vpdpbusd`` per 16 columns (AVX-512 VNNI);
+``lanes=8``: two 256-bit VEX ``vpdpbusd`` (AVX-VNNI: Intel client CPUs since Alder Lake, also Zen 4/5).
 """
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ TOKEN_TILES = (2, 4, 8)  # MB choices registered (an extent-1 loop is dropped by
 COLUMN_TILES = (2, 4)  # NB choices registered (x 16 columns)
 
 
-def intrin_name(mb: int, nb: int) -> str:
-    return f"tvm_ext.q4_int8_group_avx512vnni_m{mb}_n{nb}"
+FORMS = {16: "avx512vnni", 8: "avxvnni"}  # int32 lanes of one vpdpbusd -> the ISA it needs
+
+
+def intrin_name(mb: int, nb: int, lanes: int = LANES) -> str:
+    return f"tvm_ext.q4_int8_group_{FORMS[lanes]}_m{mb}_n{nb}"
 
 
 def _desc(mb: int, nb: int):
@@ -50,18 +54,19 @@ def _desc(mb: int, nb: int):
     return desc
 
 
-def _impl(mb: int, nb: int):
-    dot = vpdpbusd(LANES)
-    mask = T.broadcast(T.uint32(0x0F0F0F0F), LANES)
-    four = T.broadcast(T.uint32(4), LANES)
+def _impl(mb: int, nb: int, lanes: int = LANES):
+    dot = vpdpbusd(lanes)
+    mask = T.broadcast(T.uint32(0x0F0F0F0F), lanes)
+    four = T.broadcast(T.uint32(4), lanes)
+    halves = LANES // lanes
 
-    def nibbles(w, n, v, p):  # the 16 columns' nibbles of parity p in word v, one per byte
-        word = w.vload([n, v, 0], "uint32x16")
-        return T.reinterpret("int8x64", T.bitwise_and(T.shift_right(word, four) if p else word, mask))
+    def nibbles(w, n, v, h, p):  # ``lanes`` columns' nibbles of parity p in word v, one per byte
+        word = w.vload([n, v, h * lanes], f"uint32x{lanes}")
+        return T.reinterpret(f"int8x{4 * lanes}", T.bitwise_and(T.shift_right(word, four) if p else word, mask))
 
     def bcast(x, m, v, p):  # the token's 4 activation bytes of word v, parity p, in every lane
-        return T.reinterpret("int8x64", T.broadcast(T.reinterpret(x.vload([m, v, p, 0], "int8x4"), dtype="int32"),
-                                                   LANES))
+        return T.reinterpret(f"int8x{4 * lanes}", T.broadcast(
+            T.reinterpret(x.vload([m, v, p, 0], "int8x4"), dtype="int32"), lanes))
 
     @T.prim_func(s_tir=True)
     def impl(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
@@ -72,21 +77,31 @@ def _impl(mb: int, nb: int):
             T.writes(c[0:mb, 0:nb, 0:LANES])
             for v in T.unroll(WORDS):
                 for n in T.unroll(nb):
-                    for m in T.unroll(mb):
-                        c[m, n, T.ramp(0, 1, LANES)] = dot(dot(
-                            c.vload([m, n, 0], "int32x16"), nibbles(w, n, v, 0), bcast(x, m, v, 0)),
-                            nibbles(w, n, v, 1), bcast(x, m, v, 1))
+                    for h in T.unroll(halves):
+                        for m in T.unroll(mb):
+                            c[m, n, T.ramp(h * lanes, 1, lanes)] = dot(dot(
+                                c.vload([m, n, h * lanes], f"int32x{lanes}"), nibbles(w, n, v, h, 0),
+                                bcast(x, m, v, 0)), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
 
     return impl
 
 
-def register(mb: int, nb: int) -> str:
-    """Register (once) and name the (MB, NB) intrinsic."""
-    return register_once(intrin_name(mb, nb), lambda: (_desc(mb, nb), _impl(mb, nb)))
+def register(mb: int, nb: int, lanes: int = LANES) -> str:
+    """Register (once) and name the (MB, NB) intrinsic with ``lanes``-lane vpdpbusd."""
+    return register_once(intrin_name(mb, nb, lanes), lambda: (_desc(mb, nb), _impl(mb, nb, lanes)))
 
 
 def register_intrinsics() -> None:
-    """Every (MB, NB) form (a database whose traces name them loads only once they exist)."""
-    for mb in TOKEN_TILES:
-        for nb in COLUMN_TILES:
-            register(mb, nb)
+    """Every (MB, NB, lanes) form (a database whose traces name them loads only once they exist)."""
+    for lanes in FORMS:
+        for mb in TOKEN_TILES:
+            for nb in COLUMN_TILES:
+                register(mb, nb, lanes)
+
+
+def lanes_for(target) -> int | None:
+    """16 where ``target`` has AVX-512 VNNI, 8 where it has AVX-VNNI only, else None."""
+    from tvm_ext.targets import vnni_kinds  # pylint: disable=import-outside-toplevel
+
+    kinds = vnni_kinds(target) if target is not None else []
+    return next((lanes for lanes, kind in FORMS.items() if kind in kinds), None)
