@@ -66,6 +66,7 @@ from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, c
                                         nbytes, normalize, nvcc_build, rule_module, runner_seconds,
                                         sampled_schedule, seed_database, verify)
 from tvm_ext.bench.phi2_peers import make_peers
+from tvm_ext.bench.timing import set_threads
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune import packed
 from tvm_ext.tune.database import DB_FILES, WORK_ROOT, databases_root, open_database
@@ -177,14 +178,9 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         threads=None, log=print, config="full", context=512, tokens=128, tuning_dir=None,
         rounds=5, repeat=3, peers=None, schedules=None, int8=False):
     """Run the bench (see the module docstring).  Returns the result dict."""
-    if threads:
-        os.environ["TVM_NUM_THREADS"] = str(threads)
+    set_threads(threads)
     import tvm
 
-    if threads:
-        cfg_pool = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
-        if cfg_pool is not None:
-            cfg_pool(1, int(threads))
     target = resolve_target(target)
     gpu = is_gpu(target)
     schedules = _check_schedules(schedules, gpu)

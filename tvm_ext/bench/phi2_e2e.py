@@ -24,6 +24,7 @@ import numpy as np
 
 from tvm_ext.bench.phi2_kernels import (best_schedule, cpu_rule_schedule, dlight_schedule, measure_bandwidth,
                                         normalize, rule_module)
+from tvm_ext.bench.timing import set_threads
 
 
 SCHEDULES = ("dlight", "rule", "tuned", "none", "int8")
@@ -146,7 +147,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     from tvm_ext.targets import describe_host, physical_cores
 
     threads = int(threads or physical_cores())  # TVM alone would take half the logical CPUs on x86
-    _set_threads(threads)
+    set_threads(threads)
     import tvm
 
     dev = tvm.cpu(0)
@@ -249,14 +250,3 @@ def kernel_labels(mod) -> dict:
                     names = out.setdefault(val.args[0].name_hint, [])
                     names += [label] if label not in names else []
     return {name: "/".join(labels) for name, labels in out.items()}
-
-
-def _set_threads(threads):
-    if not threads:
-        return
-    os.environ["TVM_NUM_THREADS"] = str(int(threads))
-    import tvm
-
-    cfg_pool = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
-    if cfg_pool is not None:
-        cfg_pool(1, int(threads))

@@ -22,8 +22,9 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2_e2e import _set_threads, decoder
+from tvm_ext.bench.phi2_e2e import decoder
 from tvm_ext.bench.phi2_kernels import normalize
+from tvm_ext.bench.timing import set_threads
 
 SCHEDULES = ("int8", "tuned")
 PROMPT_FUNCS = ("embed_prompt", "prefill", "head_prompt")
@@ -57,7 +58,7 @@ def tune_prompt(model, target, db_dir: str, trials: int, threads=None, log=print
     from tvm_ext.targets import physical_cores, resolve_target
     from tvm_ext.tune.kernels import tune_kernels
 
-    _set_threads(threads or physical_cores())  # the runner's workers inherit it
+    set_threads(threads or physical_cores())  # the runner's workers inherit it
     mods, target = prompt_kernels(model), resolve_target(target)
     seeded = seed_rules(mods, target, db_dir, log)
     log(f"tuning {len(mods)} prompt kernels, {trials} trials each ({seeded} seeded with our rules' schedule), "
@@ -230,7 +231,7 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
 
         tuning_database(database)
     threads = int(threads or physical_cores())
-    _set_threads(threads)
+    set_threads(threads)
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
     capacity = context + prompt + tokens
     model = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="int8", prompt=prompt)

@@ -14,6 +14,7 @@ back-to-back calls: what each runtime gets when it runs by itself.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -60,3 +61,16 @@ def time_interleaved(callables: dict, rounds: int, warmup: int = 1, repeat: int 
 
 
 __all__ = ["time_interleaved", "wait_until_idle"]
+
+
+def set_threads(threads) -> None:
+    """Give TVM's thread pool ``threads`` workers (nothing for None/0): ``TVM_NUM_THREADS`` for the
+    pool and the processes started later (the tuning runner's), and the running pool resized."""
+    if not threads:
+        return
+    os.environ["TVM_NUM_THREADS"] = str(int(threads))
+    import tvm  # pylint: disable=import-outside-toplevel
+
+    cfg_pool = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
+    if cfg_pool is not None:
+        cfg_pool(1, int(threads))
