@@ -37,7 +37,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import collect, is_param, root_child_blocks
+from tvm_ext.tir_utils import collect, is_param, root_child_blocks, schedule_each
 
 LANES = 8  # float32 lanes of one AVX2 register
 CHUNK = 64  # outputs per parallel chunk in the axpy form
@@ -202,11 +202,7 @@ def _axpy(sch, block, spatial, red) -> None:
 
 def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
     """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
-    out = {}
-    for gv, func in mod.functions.items():
-        sch = schedule_of(func, gv.name_hint) if isinstance(func, tirx.PrimFunc) else None
-        out[gv] = func if sch is None else sch.mod[gv.name_hint]
-    return tvm.IRModule(out, attrs=mod.attrs)
+    return schedule_each(mod, schedule_of)
 
 
 def matches(func) -> bool:

@@ -34,7 +34,7 @@ from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.intrinsics import q4_vnni
-from tvm_ext.tir_utils import root_child_blocks
+from tvm_ext.tir_utils import root_child_blocks, schedule_each
 
 DEFAULT_MB = 4
 DEFAULT_NB = 2
@@ -163,11 +163,7 @@ def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
     target = tvm.target.Target(target)
     if not supported(target):
         return mod
-    out = {}
-    for gv, func in mod.functions.items():
-        sch = schedule_of(func, gv.name_hint, target) if isinstance(func, tvm.tirx.PrimFunc) else None
-        out[gv] = func if sch is None else sch.mod[gv.name_hint]
-    return tvm.IRModule(out, attrs=mod.attrs)
+    return schedule_each(mod, lambda func, name: schedule_of(func, name, target))
 
 
 def schedule_of(func, name: str = "main", target=None):

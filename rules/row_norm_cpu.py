@@ -26,7 +26,7 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import is_param, root_child_blocks
+from tvm_ext.tir_utils import is_param, root_child_blocks, schedule_each
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
 
@@ -101,11 +101,7 @@ def schedule_of(func, name: str = "main"):
 
 def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
     """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
-    out = {}
-    for gv, func in mod.functions.items():
-        sch = schedule_of(func, gv.name_hint) if isinstance(func, tvm.tirx.PrimFunc) else None
-        out[gv] = func if sch is None else sch.mod[gv.name_hint]
-    return tvm.IRModule(out, attrs=mod.attrs)
+    return schedule_each(mod, schedule_of)
 
 
 def matches(func) -> bool:

@@ -33,6 +33,16 @@ def prim_funcs(mod: tvm.IRModule) -> Iterator[tuple[str, tirx.PrimFunc]]:
             yield gv.name_hint, func
 
 
+def schedule_each(mod: tvm.IRModule, schedule_of) -> tvm.IRModule:
+    """``mod`` with each PrimFunc replaced by ``schedule_of(func, name)``'s function where that
+    returns a Schedule (the rule matched), unchanged where it returns None: a rule's ``untuned``."""
+    out = {}
+    for gv, func in mod.functions.items():
+        sch = schedule_of(func, gv.name_hint) if isinstance(func, tirx.PrimFunc) else None
+        out[gv] = func if sch is None else sch.mod[gv.name_hint]
+    return tvm.IRModule(out, attrs=mod.attrs)
+
+
 def blocks_of(func: tirx.PrimFunc) -> list[SBlock]:
     """Every SBlock of ``func`` except the implicit root block."""
     realizes = collect(func.body, SBlockRealize)
