@@ -124,6 +124,18 @@ def ort_model(copies, accuracy_level: int, tokens: int = 1) -> bytes:
     return model.SerializeToString()
 
 
+def ort_session(model: bytes, threads: int, spinning: bool = True):
+    """A CPU InferenceSession of the serialized ``model`` with ``threads`` intra-op threads (one
+    inter-op), its workers spinning between runs or not."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
 class OrtPeer:
     """MatMulNBits at one accuracy level on ``copies`` weight copies of one projection."""
 
@@ -138,13 +150,7 @@ class OrtPeer:
         self.feed = {"x": np.ascontiguousarray(x.reshape(1, -1), "float32")}
 
     def session(self, spinning: bool = True):
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = self.threads
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        return ort.InferenceSession(self.model, so, providers=["CPUExecutionProvider"])
+        return ort_session(self.model, self.threads, spinning)
 
     def output(self):
         """Node 0's output (the unrolled weights) for the input ``x``."""

@@ -28,26 +28,20 @@ from tvm_ext.bench.timing import set_threads
 
 SCHEDULES = ("int8", "tuned")
 PROMPT_FUNCS = ("embed_prompt", "prefill", "head_prompt")
-UNTUNED = ("kv_write", "kv_write_prompt")
 
 
 def prompt_kernels(model) -> dict:
     """{name: normalized IRModule} of the kernels the prompt's functions call that a schedule can
     change (hand-scheduled kernels and the in-place cache writes left out)."""
-    from tvm import relax, tirx
+    from tvm import tirx
+
+    from tvm_ext.workloads.phi2 import callees
 
     out = {}
     for fname in PROMPT_FUNCS:
-        for block in model.mod[fname].body.blocks:
-            for b in block.bindings:
-                val = b.value
-                if not (isinstance(val, relax.Call) and getattr(val.op, "name", "").startswith("relax.call_tir")):
-                    continue
-                name = val.args[0].name_hint
-                func = model.mod[name]
-                if name in UNTUNED or not isinstance(func, tirx.PrimFunc) or (
-                        func.attrs is not None and "tir.is_scheduled" in func.attrs):
-                    continue
+        for name in callees(model.mod[fname]):  # call_tir only: the in-place cache writes are not in it
+            func = model.mod[name]
+            if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tir.is_scheduled" in func.attrs):
                 out[name] = normalize(func)
     return out
 
@@ -85,15 +79,14 @@ def seed_rules(mods: dict, target, db_dir: str, log=print) -> int:
     from tvm_ext.tune.runner import make_runner, runner_seconds
     from tvm_ext.tune.transfer import commit_measured
 
-    database, runner, picked = kernel_database(db_dir, log), None, {}
+    database, picked = kernel_database(db_dir, log), {}
     for name, mod in mods.items():
         sch = None if records_of(database, mod) else rule_schedule(mod, target)
         if sch is not None:
             picked[name] = (mod, sch)
     if picked:
         log(f"measuring our rules' schedules of {len(picked)} kernels with the tuning runner ...")
-        runner = make_runner()
-        secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, runner)
+        secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, make_runner())
         for name, (mod, sch) in picked.items():
             commit_measured(database, mod, sch, secs[name], target)
     return len(picked)
@@ -134,11 +127,12 @@ def vnni_peak(threads: int, chains: int = 24, steps: int = 200_000) -> float:
 
 def _gemm_shapes(model) -> dict:
     """{kernel name: (M, N, K)} of the prefill's GEMMs."""
+    from tvm_ext.tir_utils import blocks_of
     from tvm_ext.workloads.q4_int8_gemm import DOT_BLOCK
 
     out = {}
     for name, mod in prompt_kernels(model).items():
-        blocks = [b for b in _blocks(mod["main"]) if b.name_hint == DOT_BLOCK]
+        blocks = [b for b in blocks_of(mod["main"]) if b.name_hint == DOT_BLOCK]
         if blocks:
             ext = [int(iv.dom.extent) for iv in blocks[0].iter_vars]  # g, t, nb, 16, 4, 2, 4
             out[name] = (ext[1], ext[2] * 16, ext[0] * 32)
@@ -153,9 +147,7 @@ def ort_gemms(model, tokens: int, threads: int, repeat: int = 5, log=print) -> d
     activations, as ours) on layer 0's weights and ``tokens`` random activation rows, one node per
     session, the median of ``repeat`` runs after a warm-up (weights in cache: at prompt sizes the
     GEMM is compute-bound, ~0.1 int8 op per weight byte read per token)."""
-    import onnxruntime as ort
-
-    from tvm_ext.bench.phi2_peers import ort_model
+    from tvm_ext.bench.phi2_peers import ort_model, ort_session
     from tvm_ext.bench.timing import wait_until_idle
 
     weights, rng, out = model.layer_weights(0), np.random.default_rng(0), {}
@@ -163,10 +155,7 @@ def ort_gemms(model, tokens: int, threads: int, repeat: int = 5, log=print) -> d
         packed, scale, bias = weights[wname]
         n, k = packed.shape[0], packed.shape[1] * 8
         x = {"x": rng.standard_normal((tokens, k)).astype("float32")}
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        sess = ort.InferenceSession(ort_model([(packed, scale, bias)], 4, tokens), so,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort_session(ort_model([(packed, scale, bias)], 4, tokens), threads)
         sess.run(None, x)
         times = []
         for _ in range(repeat):
@@ -178,12 +167,6 @@ def ort_gemms(model, tokens: int, threads: int, repeat: int = 5, log=print) -> d
         out[proj] = {"M": tokens, "N": n, "K": k, "ms": 1e3 * float(np.median(times))}
         log(f"ORT MatMulNBits (accuracy_level 4) {proj} {tokens}x{k}x{n}: {out[proj]['ms']:.2f} ms")
     return out
-
-
-def _blocks(func):
-    from tvm_ext.tir_utils import blocks_of
-
-    return blocks_of(func)
 
 
 def _timed_prompt(dec, prompt, context, tokens, repeat, log):

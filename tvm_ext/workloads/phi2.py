@@ -120,7 +120,7 @@ def _primitive_groups(mod):
     out = {}
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function) and func.attrs is not None and "Primitive" in func.attrs:
-            out[gv.name_hint] = _callees(func)
+            out[gv.name_hint] = callees(func)
     return out
 
 
@@ -148,7 +148,7 @@ def lower(mod, fusion: bool):
     return mod, groups
 
 
-def _callees(func):
+def callees(func):
     """Names of the PrimFuncs a (FuseOps-grouped) Relax function calls, in order."""
     from tvm import relax
 
