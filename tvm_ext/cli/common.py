@@ -36,6 +36,14 @@ def check_device(target, what: str, remote_ok: bool = True) -> None:
     raise ValueError(f"{what} for cuda needs a GPU, and this machine has none; use {ways}")
 
 
+def check_out_dir(path) -> None:
+    """ValueError (one line) when ``path`` is given and its folder does not exist: before minutes of work."""
+    import os
+
+    if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise ValueError(f"--out: no directory {os.path.dirname(os.path.abspath(path))}")
+
+
 def log(message: str) -> None:
     """Progress lines go to stderr so that --json output stays clean."""
     print(message, file=sys.stderr, flush=True)

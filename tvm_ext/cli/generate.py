@@ -68,7 +68,7 @@ def run(args) -> int:
     import os
 
     from tvm_ext.bench.phi2_e2e import decode_e2e_rows
-    from tvm_ext.cli.common import log
+    from tvm_ext.cli.common import check_out_dir, log
 
     if args.prompt or args.tune or args.peers:
         from tvm_ext.cli.generate_prompt import run_prompt
@@ -80,8 +80,7 @@ def run(args) -> int:
     args.context = 512 if args.context is None else args.context
     if args.context < 0:
         raise ValueError(f"--context must be at least 0, not {args.context}")
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        raise ValueError(f"--out: no directory {os.path.dirname(os.path.abspath(args.out))}")
+    check_out_dir(args.out)
     rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                            context=args.context, threads=args.threads, seed=args.seed, database=args.database,
                            log=(lambda msg: None) if args.quiet else log)

@@ -12,7 +12,7 @@ def run_prompt(args) -> int:
     import json
 
     from tvm_ext.bench.phi2_prompt import SCHEDULES, prompt_rows
-    from tvm_ext.cli.common import log
+    from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.jsonio import write_json
 
     if not args.prompt:
@@ -31,8 +31,7 @@ def run_prompt(args) -> int:
         raise ValueError(f"--context must be at least 0, not {context}")
     database = args.database or (PROMPT_DATABASE if args.tune or not os.path.isdir(SAVED_PROMPT_DATABASE)
                                  else SAVED_PROMPT_DATABASE)
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        raise ValueError(f"--out: no directory {os.path.dirname(os.path.abspath(args.out))}")
+    check_out_dir(args.out)
     quiet = (lambda msg: None) if args.quiet else log
     out = prompt_rows(schedules, config=args.config, layers=args.layers, prompt=args.prompt, tokens=args.tokens,
                       context=context, threads=args.threads, log=quiet, seed=args.seed, database=database,
