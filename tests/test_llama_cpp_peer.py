@@ -107,8 +107,8 @@ def test_reduced_gguf_has_the_tensors_phi2_loads(tmp_path):
     path = lc.write_phi2_gguf(tmp_path / "m.gguf", layers=1, seed=3, config="reduced")
     assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]  # no temporary left behind
     r = gguf.GGUFReader(path)
-    c = lc.CONFIGS["reduced"]
-    h, f, v = c["hidden"], c["ffn"], c["vocab"]
+    c = lc.phi2_config("reduced")
+    h, f, v = c["hidden"], c["mlp"], c["vocab"]
     # ggml order (ne0 first), as src/models/phi2.cpp creates them
     want = {"token_embd.weight": ([h, v], "Q4_0"), "output_norm.weight": ([h], "F32"),
             "output_norm.bias": ([h], "F32"), "output.weight": ([h, v], "Q4_0"), "output.bias": ([v], "F32"),

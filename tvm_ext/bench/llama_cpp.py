@@ -28,13 +28,19 @@ CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=O
                "-DLLAMA_BUILD_SERVER=OFF", "-DBUILD_SHARED_LIBS=OFF")
 MARKER = "tvm_ext_build.json"  # written next to the built tree: version and commit of the vendored llama.cpp
 
-# Phi-2 (microsoft/phi-2): partial rotary factor 0.4 of head dim 80 = 32 rotated dims; "reduced" is for tests.
-CONFIGS = {
-    "full": dict(hidden=2560, heads=32, head_dim=80, ffn=10240, vocab=51200, rot=32, ctx=2048),
-    "reduced": dict(hidden=256, heads=4, head_dim=64, ffn=1024, vocab=1024, rot=32, ctx=2048),
-}
 Q4_0_TYPE, MOSTLY_Q4_0, F32_TYPE = 2, 2, 0  # ggml_type Q4_0, llama_ftype MOSTLY_Q4_0, ggml_type F32
 QK4_0 = 32
+
+
+def phi2_config(config: str = "full") -> dict:
+    """The shapes of tvm_ext's Phi-2 model (``workloads.phi2_layers.CONFIGS``: "full" is Phi-2, "reduced" is
+    for tests), its LayerNorm epsilon and context window: the peer's GGUF has the same shapes as our model."""
+    from tvm_ext.workloads.phi2_layers import CONFIGS, EPS
+    from tvm_ext.workloads.phi2_model import MAX_POSITIONS
+
+    if config not in CONFIGS:
+        raise ValueError(f"config must be one of {sorted(CONFIGS)}, not {config!r}")
+    return dict(CONFIGS[config], eps=EPS, ctx=MAX_POSITIONS)
 
 
 def default_cache_dir() -> Path:
@@ -177,8 +183,8 @@ def phi2_tensors(layers=32, config="full"):
 
     Numpy shape = ggml's ne reversed: the last axis is the contiguous one (ne0), the one Q4_0 blocks run along.
     """
-    c = CONFIGS[config]
-    h, f, v = c["hidden"], c["ffn"], c["vocab"]
+    c = phi2_config(config)
+    h, f, v = c["hidden"], c["mlp"], c["vocab"]
     if c["heads"] * c["head_dim"] != h:
         raise ValueError(f"config {config}: heads x head_dim != hidden")
     specs = [("token_embd.weight", (v, h), "q4")]
@@ -214,7 +220,7 @@ def write_phi2_gguf(path, layers=32, seed=0, config="full", cache_dir=None):
     fills with dummy tokens; llama-bench feeds random token ids and never tokenizes text.
     """
     gguf = import_gguf(cache_dir)
-    c = CONFIGS[config]
+    c = phi2_config(config)
     path = Path(path)
     specs = phi2_tensors(layers, config)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -223,12 +229,12 @@ def write_phi2_gguf(path, layers=32, seed=0, config="full", cache_dir=None):
         w.add_name(f"phi2-{config}-random-q4_0")
         w.add_uint32("phi2.context_length", c["ctx"])
         w.add_uint32("phi2.embedding_length", c["hidden"])
-        w.add_uint32("phi2.feed_forward_length", c["ffn"])
+        w.add_uint32("phi2.feed_forward_length", c["mlp"])
         w.add_uint32("phi2.block_count", layers)
         w.add_uint32("phi2.attention.head_count", c["heads"])
         w.add_uint32("phi2.attention.head_count_kv", c["heads"])
-        w.add_float32("phi2.attention.layer_norm_epsilon", 1e-5)
-        w.add_uint32("phi2.rope.dimension_count", c["rot"])
+        w.add_float32("phi2.attention.layer_norm_epsilon", c["eps"])
+        w.add_uint32("phi2.rope.dimension_count", c["rotary"])
         w.add_uint32("phi2.vocab_size", c["vocab"])
         w.add_uint32("general.file_type", MOSTLY_Q4_0)
         w.add_uint32("general.quantization_version", 2)
