@@ -57,6 +57,7 @@ from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.gemv_pattern import GemvPattern, match, match_func
+from tvm_ext.tir_utils import schedule_each
 
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
 # change the loop count of the lane-sum block between draws, which a trace replay cannot follow
@@ -205,9 +206,10 @@ def _cores(target) -> int:
     return physical_cores()
 
 
-def _untuned_func(name: str, func, target):
-    """``func`` scheduled with the default decisions, or None when it does not match (or an
-    epilogue cannot follow the GEMV's tiles, e.g. one that is not elementwise over N)."""
+def schedule_of(func, name: str = "main", target=None):
+    """A Schedule of ``func`` (as ``name``) with the default decisions (split-K when N is small for
+    the target's ``num-cores``), or None when it does not match (or an epilogue cannot follow the
+    GEMV's tiles, e.g. one that is not elementwise over N)."""
     pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
     if pattern is None:
         return None
@@ -217,7 +219,7 @@ def _untuned_func(name: str, func, target):
         sch.work_on(name)
         try:
             schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes)
-            return sch.mod[name]
+            return sch
         except (ScheduleError, ValueError, StopIteration):
             pass  # not the intrinsic's form: the scheduled sketches below
     sch = Schedule(tvm.IRModule({name: func}))
@@ -228,22 +230,18 @@ def _untuned_func(name: str, func, target):
         sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-4])  # init before the group loop
     except ScheduleError:
         return None
-    return sch.mod[name]
+    return sch
 
 
 def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """Every PrimFunc of ``mod`` that ``matches`` scheduled with the default decisions (split-K
-    when N is small for the target's ``num-cores``); the others unchanged."""
-    out = {}
-    for gv, func in mod.functions.items():
-        scheduled = _untuned_func(gv.name_hint, func, target)
-        out[gv] = func if scheduled is None else scheduled
-    return tvm.IRModule(out, attrs=mod.attrs)
+    """Every PrimFunc of ``mod`` that ``matches`` scheduled with the default decisions; the others
+    unchanged."""
+    return schedule_each(mod, lambda func, name: schedule_of(func, name, target))
 
 
 def matches(func) -> bool:
     """Whether ``untuned`` schedules ``func`` (a dequantize-GEMV this rule handles)."""
-    return _untuned_func("main", func, None) is not None
+    return schedule_of(func) is not None
 
 
 @derived_object

@@ -13,14 +13,20 @@ as written run scalar; a float GEMM on dequantized weights leaves the int8 units
   bytes) in L2 while every token tile uses them, M/MB chunks keep a token tile's activations instead;
 * per group of 32 inputs, the integer block computed at the group (``compute_at``): MB x NB int32
   accumulators, tensorized with ``intrinsics.q4_vnni`` (each packed word unpacked once for all MB
-  tokens, two ``vpdpbusd`` per token and word: 512-bit with AVX-512 VNNI, twice 256-bit with AVX-VNNI);
+  tokens, two ``vpdpbusd`` per token and word: 512-bit with AVX-512 VNNI, twice 256-bit with AVX-VNNI;
+  ``vpmaddubsw``/``vpmaddwd`` with AVX2 only);
 * the group's float step vectorized over the 16 columns (zero-point term, convert, both scales, FMA
   into the tile's float accumulators), the bias / gelu epilogue at the tile.
 
-Choices: MB (``TOKEN_TILES`` dividing M) and NB (``COLUMN_TILES`` dividing N/16) are one sketch each
-(the tile intrinsic is fixed per trace); the number of token chunks is a sampled decision (a perfect
-tile, mutated by evolutionary search).  ``untuned(mod, target)`` applies the first sketch with one
-chunk; blocks the rule scheduled are annotated ``schedule_rule: "None"`` for PostOrderApply's other rules.
+One token (M = 1, the decode's GEMV) is DRAM-bound: its tiles are 1 x 16 columns by default, so each
+thread reads one long contiguous stream (Phi-2 fc1 from DRAM on Zen 4: 0.26 ms, 2 blocks a tile
+0.32 ms), with a software prefetch 8 KiB ahead in it.
+
+Choices: MB (``TOKEN_TILES`` dividing M), NB (``COLUMN_TILES`` dividing N/16) and, for one token, the
+prefetch distance are one sketch each (the tile intrinsic is fixed per trace); the number of token
+chunks is a sampled decision (a perfect tile, mutated by evolutionary search).  ``untuned(mod,
+target)`` applies the first sketch with one chunk; blocks the rule scheduled are annotated
+``schedule_rule: "None"`` for PostOrderApply's other rules.
 """
 from __future__ import annotations
 
@@ -38,6 +44,7 @@ from tvm_ext.tir_utils import root_child_blocks, schedule_each
 
 DEFAULT_MB = 4
 DEFAULT_NB = 2
+DEFAULT_AHEAD = 8192  # one token: prefetch distance in bytes
 SKIP = ("schedule_rule", "None")
 
 
@@ -101,29 +108,33 @@ def match(sch, block) -> Optional[Q4GemmPattern]:
 
 
 def token_tiles(p: Q4GemmPattern) -> list:
-    return [m for m in q4_vnni.TOKEN_TILES if p.tokens % m == 0]
+    return [m for m in q4_vnni.TOKEN_TILES if p.tokens % m == 0 and (m > 1 or p.tokens == 1)]
 
 
 def column_tiles(p: Q4GemmPattern) -> list:
-    return [n for n in q4_vnni.COLUMN_TILES if p.column_blocks % n == 0]
+    return [n for n in q4_vnni.COLUMN_TILES if p.column_blocks % n == 0 and (n > 1 or p.tokens == 1)]
 
 
-def sketches(p: Q4GemmPattern, lanes: int = q4_vnni.LANES) -> list:
-    """Every (MB, NB) the rule offers for ``p``, the defaults first: 4 x 2 with 512-bit vpdpbusd, 2 x 2
-    with 256-bit (16 vector registers without AVX-512: 4 x 2 tiles spill, 0.46 vs 0.80 TOPS on Zen 4)."""
+def sketches(p: Q4GemmPattern, form: str = "avx512vnni") -> list:
+    """Every (MB, NB, prefetch bytes) the rule offers for ``p``, the default first.  Many tokens: 4 x 2
+    with 512-bit vpdpbusd, 2 x 2 with 256-bit (16 vector registers without AVX-512: 4 x 2 tiles spill,
+    0.46 vs 0.80 TOPS on Zen 4), no prefetch.  One token: 1 x 1 prefetching 8 KiB ahead, then the
+    other distances and wider tiles."""
     mbs, nbs = token_tiles(p), column_tiles(p)
-    default_mb = DEFAULT_MB if lanes == q4_vnni.LANES else 2
-    first = (max(m for m in mbs if m <= default_mb), max(n for n in nbs if n <= DEFAULT_NB))
-    return [first] + [(m, n) for m in mbs for n in nbs if (m, n) != first]
+    if p.tokens == 1:
+        return [(1, n, a) for n in nbs for a in sorted(q4_vnni.AHEAD, reverse=True) if n == 1 or a]
+    default_mb = DEFAULT_MB if q4_vnni.FORMS[form] == q4_vnni.LANES else 2
+    first = (max(m for m in mbs if m <= default_mb), max(n for n in nbs if n <= DEFAULT_NB), 0)
+    return [first] + [(m, n, 0) for m in mbs for n in nbs if (m, n, 0) != first]
 
 
-def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, chunks=1, sample: bool = False,
-             annotate: bool = False, lanes: int = q4_vnni.LANES) -> None:
+def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, ahead: int = 0, chunks=1, sample: bool = False,
+             annotate: bool = False, form: str = "avx512vnni") -> None:
     """Schedule the matched GEMM in place with MB x NB*16 tiles (module doc).  The token tiles are
     cut into ``chunks`` chunks, each passing over all column tiles in turn: 1 = columns outer (a
     column tile's weights stay in cache while every token tile uses them), M / MB = tokens outer.
-    With ``sample`` that cut is a sampled decision (a perfect tile, first draw ``chunks``).  ``lanes``:
-    the tile intrinsic's vpdpbusd width (16: AVX-512 VNNI, 8: AVX-VNNI; ``q4_vnni.lanes_for``)."""
+    With ``sample`` that cut is a sampled decision (a perfect tile, first draw ``chunks``).  ``form``:
+    the tile intrinsic's instructions (``q4_vnni.form_for``); ``ahead``: its prefetch distance."""
     dot, scale = sch.get_sblock(p.dot), sch.get_sblock(p.scale)
     *outer, t, j, g = sch.get_loops(scale)
     t_o, t_i = sch.split(t, [None, mb])
@@ -144,7 +155,7 @@ def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, chunks=1, sample: bool = F
     sch.compute_at(dot, g)
     inner = sch.get_loops(dot)[len(outer) + 2:]  # below ``tiles`` and ``g``
     sch.decompose_reduction(dot, inner[0])
-    sch.tensorize(inner[0], q4_vnni.register(mb, nb, lanes))
+    sch.tensorize(inner[0], q4_vnni.register(mb, nb, form, ahead))
     sch.vectorize(j_i)
     if annotate:  # the root too: its parallel/vectorize annotations would be rewritten onto loops that
         # are parallel already, around the tensorized block (RewriteParallelVectorizeUnroll fails there)
@@ -153,13 +164,13 @@ def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, chunks=1, sample: bool = F
 
 
 def supported(target) -> bool:
-    """Whether ``target`` has AVX-512 VNNI or AVX-VNNI (the tile intrinsic's vpdpbusd)."""
-    return target is not None and q4_vnni.lanes_for(target) is not None
+    """Whether ``target`` runs one of the tile intrinsic's forms (AVX-512 VNNI, AVX-VNNI, AVX2)."""
+    return q4_vnni.form_for(target) is not None
 
 
 def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
     """Every PrimFunc of ``mod`` holding the pattern scheduled with the first sketch; the others
-    unchanged (all of them where ``target`` has neither VNNI form)."""
+    unchanged (all of them where ``target`` has no AVX2)."""
     target = tvm.target.Target(target)
     if not supported(target):
         return mod
@@ -167,11 +178,11 @@ def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
 
 
 def schedule_of(func, name: str = "main", target=None):
-    """A Schedule of ``func`` (as ``name``) with the first sketch applied for ``target``'s VNNI form
+    """A Schedule of ``func`` (as ``name``) with the first sketch applied for ``target``'s form
     (AVX-512 VNNI when no target is given; its trace can seed a tuning database), or None where it
-    does not hold the pattern or ``target`` has no VNNI."""
-    lanes = q4_vnni.LANES if target is None else q4_vnni.lanes_for(tvm.target.Target(target))
-    if lanes is None:
+    does not hold the pattern or ``target`` has no AVX2."""
+    form = "avx512vnni" if target is None else q4_vnni.form_for(tvm.target.Target(target))
+    if form is None:
         return None
     found = root_child_blocks(func)
     if found is None:
@@ -183,7 +194,7 @@ def schedule_of(func, name: str = "main", target=None):
     sch = Schedule(tvm.IRModule({name: func}))
     sch.work_on(name)
     try:
-        schedule(sch, p, *sketches(p, lanes)[0], lanes=lanes)
+        schedule(sch, p, *sketches(p, form)[0], form=form)
     except ScheduleError:
         return None
     return sch
@@ -191,25 +202,25 @@ def schedule_of(func, name: str = "main", target=None):
 
 @derived_object
 class Q4Int8GEMM(PyScheduleRule):
-    """Schedule rule: one sketch per (MB, NB) for the q4 x int8 GEMM (module doc); other
-    blocks pass.  Offers nothing where the target has neither AVX-512 VNNI nor AVX-VNNI."""
+    """Schedule rule: one sketch per (MB, NB, prefetch) for the q4 x int8 GEMM (module doc); other
+    blocks pass.  Offers nothing where the target has no AVX2."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lanes = q4_vnni.LANES
+        self.form = "avx512vnni"
 
     def _initialize_with_tune_context(self, context) -> None:
-        self.lanes = q4_vnni.lanes_for(context.target)
+        self.form = q4_vnni.form_for(context.target)
 
     def apply(self, sch, block):
-        p = match(sch, block) if self.lanes else None
+        p = match(sch, block) if self.form else None
         if p is None:
             return [sch]
         out = []
-        for mb, nb in sketches(p, self.lanes):
+        for sketch in sketches(p, self.form):
             cand = sch.copy()
             try:
-                schedule(cand, p, mb, nb, sample=True, annotate=True, lanes=self.lanes)
+                schedule(cand, p, *sketch, sample=True, annotate=True, form=self.form)
             except ScheduleError:
                 continue
             out.append(cand)
@@ -217,5 +228,5 @@ class Q4Int8GEMM(PyScheduleRule):
 
     def clone(self):
         other = Q4Int8GEMM()
-        other.lanes = self.lanes
+        other.form = self.form
         return other

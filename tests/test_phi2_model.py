@@ -166,12 +166,13 @@ def test_tuned_takes_database_records_and_dlight_elsewhere(model, tmp_path):
     from tvm_ext.bench import phi2_kernels as pk
     from tvm_ext.targets import resolve_target
     from tvm_ext.tune.kernels import kernel_database
+    from tvm_ext.tune.seeds import seed_database
 
     target = resolve_target("llvm")
     # a database holding one record: the unscheduled layer_norm (the empty-trace seed)
     m = pk.normalize(model.mod["layer_norm"])
-    pk.seed_database(kernel_database(str(tmp_path)), {"layer_norm": m}, {"layer_norm": ("none", None)},
-                     target, {"layer_norm": 1e-3})
+    seed_database(kernel_database(str(tmp_path)), {"layer_norm": m}, {"layer_norm": ("none", None)},
+                  target, {"layer_norm": 1e-3})
     mod, used = phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path))
     assert used["layer_norm"] == "tuned" and used["softmax"] == "Reduction"
     tvm.ir.assert_structural_equal(mod["layer_norm"].body, model.mod["layer_norm"].body)

@@ -168,9 +168,9 @@ def test_ort_peer_on_our_weights_matches_numpy(fused):
 @pytest.mark.skipif(not __import__("tvm_ext.targets").targets.has_avx2("llvm"), reason="no AVX2 here")
 def test_int8_projection_on_our_weights(fused):
     """The bench's int8-activation projection (quantize + int8 GEMV, bias epilogue) on the weight
-    arrays of each fused projection kernel gives q4_int8.reference_np's result, from copy 0."""
+    arrays of each fused projection kernel gives q4_int8_gemm.reference_np's result, from copy 0."""
     from tvm_ext.bench.phi2_int8 import Int8Projection
-    from tvm_ext.workloads.q4_int8 import reference_np
+    from tvm_ext.workloads.q4_int8_gemm import reference_np
 
     ks, positions = fused
     rng = np.random.default_rng(2)
@@ -183,7 +183,7 @@ def test_int8_projection_on_our_weights(fused):
         x = rng.uniform(-1, 1, weights[0].shape[1] * 8).astype("float32")
         p = Int8Projection(proj, weights, 2**20, "llvm", __import__("tvm").cpu(), x)
         assert p.copies * p.bytes >= 2 * 2**20 and p.copies > 1 and p.name == "rule-int8"
-        want = reference_np(x, *weights)
+        want = reference_np(x[None], *weights)[0]
         np.testing.assert_allclose(p.output(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         assert p.seconds(1) > 0
 

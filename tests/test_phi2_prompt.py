@@ -30,14 +30,17 @@ def model():
 
 
 def test_prefill_module_uses_the_gemm_on_repacked_weights(model):
+    """Prefill and decode step read the same repacked weights (one copy); every projection of both,
+    and lm_head, is the q4 x int8 GEMM (the dense one with the residual adds fused after it)."""
     names = {gv.name_hint for gv, _ in model.mod.functions_items()}
     assert {"embed_prompt", "prefill", "head_prompt", "kv_write_prompt"} <= names
-    params = {p.name: [int(d) for d in p.ty.shape.values] for p in model.mod["prefill"].params}
     d, m = model.cfg["hidden"], model.cfg["mlp"]
-    assert params["qkv_wq"] == [3 * d // 16, d // 8, 16] and params["fc2_ws"] == [d // 16, m // 32, 16]
+    for func in ("prefill", "layer"):
+        params = {p.name: [int(x) for x in p.ty.shape.values] for p in model.mod[func].params}
+        assert params["qkv_wq"] == [3 * d // 16, d // 8, 16] and params["fc2_ws"] == [d // 16, m // 32, 16]
     _, used = schedule(model.mod, resolve_target({"kind": "llvm", "mcpu": "cascadelake"}), "int8")
     gemms = [n for n in names if "q4_int8_gemm" in n]
-    assert len(gemms) == 4 and all(used[n] == "q4_int8_gemm" for n in gemms)
+    assert len(gemms) == 4 + 4 + 1 and all(used[n] == "q4_int8_gemm" for n in gemms), used
 
 
 @needs_vnni
@@ -93,7 +96,8 @@ def test_cli_generate_prompt_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--prompt", "7"], "--prompt must be even"),
-    (["--tune", "4"], "--tune and --peers go with --prompt N"),
+    (["--peers", "ort"], "--peers goes with --prompt N"),
+    (["--tune", "4", "--schedule", "rule"], "--tune fills the database of --schedule tuned"),
     (["--prompt", "8", "--schedule", "dlight"], "with --prompt, --schedule takes int8, tuned"),
     (["--prompt", "8", "--peers", "torch"], "unknown peer 'torch'"),
     (["--prompt", "8", "--schedule", "tuned", "--database", "/nonexistent/db"], "no tuning database"),
@@ -108,10 +112,12 @@ def test_cli_prompt_bad_input(argv, message, capsys):
 def test_tuning_starts_from_our_rules(model, tmp_path):
     """seed_rules commits our untuned schedule of every kernel a rule matches, measured by the tuning
     runner; the tuned row then uses those records (so tuning can only keep or beat them)."""
-    from tvm_ext.bench.phi2_prompt import prompt_kernels, rule_schedule, seed_rules
+    from tvm_ext.bench.phi2_e2e import model_kernels
+    from tvm_ext.bench.phi2_prompt import PROMPT_FUNCS
     from tvm_ext.tune.database import open_database, records_of
+    from tvm_ext.tune.seeds import rule_schedule, seed_rules
 
-    mods = prompt_kernels(model)
+    mods = model_kernels(model, PROMPT_FUNCS)
     target = resolve_target("llvm")
     ours = {n for n, m in mods.items() if rule_schedule(m, target) is not None}
     assert {n for n in ours if "q4_int8_gemm" in n} and {n for n in ours if "attn" in n}
@@ -121,3 +127,24 @@ def test_tuning_starts_from_our_rules(model, tmp_path):
     assert {n for n, m in mods.items() if records_of(db, m)} == ours
     _, used = schedule(model.mod, target, "tuned", str(tmp_path))
     assert all(used[n] == "tuned" for n in ours)
+
+
+@pytest.mark.slow  # 35 s on 2 cores (tuning)
+@needs_vnni
+def test_cli_decode_tune_then_tuned(tmp_path, capsys):
+    """generate --tune (no prompt): the int8 decode step's kernels seeded with our rules and tuned into
+    --database; the tuned row reads them (every projection "tuned"), the int8 row is its untuned start,
+    and both report their tokens against the float row's."""
+    from tvm_ext.tune.database import open_database
+
+    db, out = tmp_path / "db", tmp_path / "gen.json"
+    assert main(["generate", "--config", "reduced", "--layers", "1", "--context", "4", "--tokens", "2",
+                 "--schedule", "rule,int8,tuned", "--tune", "1", "--database", str(db), "--out", str(out),
+                 "--quiet"]) == 0
+    assert "tuned vs rule:" in capsys.readouterr().out
+    rows = {r["schedule"]: r for r in json.loads(out.read_text())}
+    tuned, untuned = rows["tuned"]["rules"], rows["int8"]["rules"]
+    gemms = [n for n in tuned if "q4_int8_gemm" in n]
+    assert gemms and all(tuned[n] == "tuned" and untuned[n] == "q4_int8_gemm" for n in gemms)
+    assert set(rows["tuned"]["vs_float"]) == {"rule"} and len(rows["tuned"]["generated"]) == 2
+    assert len(open_database(str(db), read_only=True).get_all_tuning_records()) >= len(gemms)

@@ -61,10 +61,9 @@ import tvm_ffi
 
 from tvm_ext.bench import phi2_measure
 from tvm_ext.bench.dram import CopyPlan, cpu_info, llc_bytes
-from tvm_ext.bench.phi2_kernels import (best_schedule, build, build_validator, combine,
-                                        cpu_rule_schedule, dlight_schedule, is_gpu, kernelsets, log_dir,
-                                        nbytes, normalize, nvcc_build, rule_module, runner_seconds,
-                                        sampled_schedule, seed_database, verify)
+from tvm_ext.bench.phi2_kernels import (build, build_validator, combine, kernelsets, log_dir, nbytes,
+                                        normalize, nvcc_build, rule_module, runner_seconds, sampled_schedule,
+                                        verify)
 from tvm_ext.bench.phi2_peers import make_peers
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.targets import resolve_target
@@ -72,6 +71,7 @@ from tvm_ext.tune import packed
 from tvm_ext.tune.database import DB_FILES, WORK_ROOT, databases_root, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
 from tvm_ext.tune.runner import make_runner
+from tvm_ext.tune.seeds import best_schedule, dlight_schedule, is_gpu, rule_schedule, seed_database
 
 DEFAULT_TRIALS = {"phi2-decode": 6, "phi2-prefill": 3}
 SCHEDULES = ("dlight", "metaschedule", "seeded")
@@ -94,8 +94,8 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
     dl = {name: dlight_schedule(m, target, build_validator(target)) for name, m in mods.items()}
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
     if "rule" in schedules:
-        ours = {n: cpu_rule_schedule(m, target) for n, m in mods.items()}
-        scheduled["rule"] = {n: scheduled["dlight"][n] if ours[n] is None else ours[n][1] for n in mods}
+        ours = {n: rule_schedule(m, target) for n, m in mods.items()}
+        scheduled["rule"] = {n: scheduled["dlight"][n] if ours[n] is None else ours[n][1].mod for n in mods}
     dl_secs, dbs = {}, {}
     tuning = not build_only and not from_logs
     tuned = [s for s in ("metaschedule", "seeded") if s in schedules]
@@ -189,7 +189,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     if int8:
         if gpu or workload != "phi2-decode":
             raise ValueError("--int8 is for phi2-decode on llvm (the decode projections on the CPU)")
-        from tvm_ext.workloads.q4_int8 import check_target
+        from tvm_ext.workloads.q4_int8_gemm import check_target
 
         check_target(target)
     if build_only and gpu:

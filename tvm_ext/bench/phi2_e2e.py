@@ -22,13 +22,14 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2_kernels import (best_schedule, cpu_rule_schedule, dlight_schedule, measure_bandwidth,
-                                        normalize, rule_module)
+from tvm_ext.bench.phi2_kernels import measure_bandwidth, normalize, rule_module
 from tvm_ext.bench.timing import set_threads
+from tvm_ext.tune.seeds import best_schedule, dlight_schedule, rule_schedule
 
 
 SCHEDULES = ("dlight", "rule", "tuned", "none", "int8")
-DEFAULT_DATABASE = "tuning_logs/phi2-decode-llvm-fused/metaschedule"
+INT8_ROWS = ("int8", "tuned")  # rows of the int8 model (compute="int8"): different numbers than the float rows'
+DECODE_FUNCS = ("embed", "layer", "head")
 
 
 def schedule(mod, target, how="dlight", database=None):
@@ -36,9 +37,8 @@ def schedule(mod, target, how="dlight", database=None):
     by tvm_ext's dequantize-GEMV rule (rules/dequant_gemv), row-normalization schedule
     (rules/row_norm_cpu: LayerNorm) and contraction schedule (rules/contraction_cpu: decode
     attention) for the kernels they match and dlight for the rest (``"int8"``: the same, for a
-    module built with ``compute="int8"``, whose int8 kernels come scheduled); ``"tuned"`` by the best
-    record of the tuning database ``database``
-    (a work dir, read only; default ``DEFAULT_DATABASE``) for the kernels it holds (same
+    module built with ``compute="int8"``: its projections are rules/q4_int8_gemm's); ``"tuned"`` by the best
+    record of the tuning database ``database`` (a work dir, read only) for the kernels it holds (same
     structural hash) and as ``"rule"`` for the rest (tuned at 0 trials is the untuned rule);
     ``"none"`` leaves the kernels as built (LLVM
     compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule
@@ -58,20 +58,16 @@ def schedule(mod, target, how="dlight", database=None):
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint in ("kv_write", "kv_write_prompt"):
             continue
-        if func.attrs is not None and "tir.is_scheduled" in func.attrs:
-            from tvm_ext.workloads.q4_int8 import for_target  # the int8 GEMV's form for this CPU
-
-            mod[gv] = for_target(func, target)
-            spec = mod[gv].attrs.get("tvm_ext.q4_int8_gemv")
-            used[gv.name_hint] = "hand-scheduled" + (f" ({spec[4]})" if spec is not None else "")
+        if func.attrs is not None and "tir.is_scheduled" in func.attrs:  # the int8 quantize kernels
+            used[gv.name_hint] = "hand-scheduled"
             continue
         m = normalize(func)
         best = best_schedule(db, m) if db is not None else None
-        ours = cpu_rule_schedule(m, target) if how in ("rule", "int8", "tuned") and best is None else None
+        ours = rule_schedule(m, target) if how in ("rule", "int8", "tuned") and best is None else None
         if best is not None:
             sch_mod, used[gv.name_hint] = best, "tuned"
         elif ours is not None:
-            used[gv.name_hint], sch_mod = ours
+            used[gv.name_hint], sch_mod = ours[0], ours[1].mod
         else:
             name, sch = dlight_schedule(m, target)
             used[gv.name_hint] = name
@@ -81,12 +77,27 @@ def schedule(mod, target, how="dlight", database=None):
     return mod, used
 
 
+def model_kernels(model, funcs=DECODE_FUNCS) -> dict:
+    """{name: normalized IRModule} of the kernels the model's Relax functions ``funcs`` call that a
+    schedule can change (hand-scheduled kernels and the in-place cache writes left out)."""
+    from tvm import tirx
+
+    from tvm_ext.workloads.phi2 import callees
+
+    out = {}
+    for fname in funcs:
+        for name in callees(model.mod[fname]):  # call_tir only: the in-place cache writes are not in it
+            func = model.mod[name]
+            if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tir.is_scheduled" in func.attrs):
+                out[name] = normalize(func)
+    return out
+
+
 def tuning_database(path):
-    """The tuning database in work dir ``path`` (default ``DEFAULT_DATABASE``), read only."""
+    """The tuning database in work dir ``path``, read only."""
     from tvm_ext.tune.database import open_database
 
-    path = path or DEFAULT_DATABASE
-    if not os.path.isdir(path):
+    if not path or not os.path.isdir(path):
         raise ValueError(f"schedule 'tuned': no tuning database {path}")
     return open_database(path, read_only=True)
 
@@ -112,18 +123,21 @@ def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=Non
 
 
 def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dlight", threads=None,
-               log=print, target="llvm", seed=0, bandwidth_mb=512, database=None) -> dict:
+               log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0) -> dict:
     """Run the decode (see the module docstring); returns {layers, tokens, context, tok_s,
     bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, share}],
     schedule, device, threads, ...}."""
     return decode_e2e_rows((schedule,), config, layers, tokens, context, threads, log, target, seed,
-                           bandwidth_mb, database)[0]
+                           bandwidth_mb, database, tune_trials)[0]
 
 
 def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=512, threads=None,
-                    log=print, target="llvm", seed=0, bandwidth_mb=512, database=None) -> list:
+                    log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0) -> list:
     """``decode_e2e`` for each of ``schedules`` in one process: one bandwidth measurement,
-    the weights generated and uploaded once, the same past and first token for each."""
+    the weights generated and uploaded once per layout, the same past and first token for each.
+    The ``INT8_ROWS`` run the int8 model; ``tuned`` reads ``database``, which ``tune_trials`` > 0
+    first fills: the int8 decode step's kernels tuned that many trials each through the plugin
+    space, each starting from our rules' schedule (``tune.seeds.tune_from_rules``)."""
     from tvm_ext.workloads import phi2_model as pm
 
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
@@ -138,10 +152,10 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
         if how in ("rule", "int8"):
             rule_module(required=True)
-        if how == "tuned":
+        if how == "tuned" and not tune_trials:
             tuning_database(database)
-        if how == "int8":
-            from tvm_ext.workloads.q4_int8 import check_target
+        if how in INT8_ROWS:
+            from tvm_ext.workloads.q4_int8_gemm import check_target
 
             check_target(target)  # resolves it as decoder() will ("llvm": this host's CPU)
     from tvm_ext.targets import describe_host, physical_cores
@@ -162,11 +176,16 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     weight_bytes = model.weight_bytes()
     kv_bytes = float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
     host = describe_host()
-    rows, weights, int8_model = [], None, None
+    rows, weights = [], None
+    int8_model = None
+    if any(how in INT8_ROWS for how in schedules):  # same weights and parameters, int8 projections
+        int8_model = pm.build_model(config, layers, capacity=context + tokens, seed=seed, compute="int8")
+    if tune_trials and "tuned" in schedules:
+        from tvm_ext.tune.seeds import tune_from_rules
+
+        tune_from_rules(model_kernels(int8_model), target, database, tune_trials, log)
     for how in schedules:
-        if how == "int8" and int8_model is None:  # same weights and parameters, int8 projections
-            int8_model = pm.build_model(config, layers, capacity=context + tokens, seed=seed, compute="int8")
-        dec = decoder(int8_model if how == "int8" else model, target, how, dev=dev, log=log, database=database,
+        dec = decoder(int8_model if how in INT8_ROWS else model, target, how, dev=dev, log=log, database=database,
                       share=weights)
         weights = weights or dec
         rows.append(dict(schedule=how, **_timed_decode(dec, tokens, context, seed, log)))
@@ -191,15 +210,15 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
 
 
 def _compare_int8(rows):
-    """On each int8 row, how its decode differs from the float rows' of the same run:
+    """On each int8 row (``INT8_ROWS``), how its decode differs from the float rows' of the same run:
     ``vs_float`` {schedule: {"same_tokens": fraction of generated ids equal, "max_abs_logit_err":
     at the first step, "max_abs_logit": the float row's}}."""
     for r in rows:
-        if r["schedule"] != "int8":
+        if r["schedule"] not in INT8_ROWS:
             continue
         r["vs_float"] = {}
         for f in rows:
-            if f["schedule"] in ("int8", "none"):
+            if f["schedule"] in INT8_ROWS or f["schedule"] == "none":
                 continue
             same = np.mean([a == b for a, b in zip(r["generated"], f["generated"])])
             r["vs_float"][f["schedule"]] = {
@@ -243,8 +262,10 @@ def kernel_labels(mod) -> dict:
                 val = b.value
                 if not (isinstance(val, relax.Call) and getattr(val.op, "name", "").startswith("relax.call_tir")):
                     continue
-                weights = [a.name[:-2] for a in val.args[1].fields
-                           if isinstance(a, relax.Var) and a.name.endswith("_q")]
+                weights = [a.name[:-2] for a in val.args[1].fields  # packed words: _q, repacked: _wq
+                           if isinstance(a, relax.Var) and a.name.endswith("_q") and not a.name.endswith("_wq")]
+                weights += [a.name[:-3] for a in val.args[1].fields
+                            if isinstance(a, relax.Var) and a.name.endswith("_wq")]
                 if weights:
                     label = "embed" if fname == "embed" else weights[0]
                     names = out.setdefault(val.args[0].name_hint, [])

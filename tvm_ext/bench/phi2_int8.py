@@ -1,11 +1,12 @@
-"""tvm_ext's int8-activation projections (``tvm_ext.workloads.q4_int8``) in the Phi-2 decode
-bench, timed like the peers: ``tvm-ext bench phi2-decode --int8``.
+"""tvm_ext's int8-activation projections (``tvm_ext.workloads.q4_int8_gemm`` for one token,
+scheduled by rules/q4_int8_gemm.py untuned) in the Phi-2 decode bench, timed like the peers:
+``tvm-ext bench phi2-decode --int8``.
 
 Per projection one ``Int8Projection``: the activation quantize kernel and the int8 GEMV (bias
 epilogue, as the ORT MatMulNBits peer computes), both called per step as a decode would, on
-the same q4 weights as the fused float kernel and the peers, cycled through copies whose
-bytes exceed 2 x the last-level cache (copy i = the weights rolled by i rows, as
-``phi2_peers.rolled`` makes them).  ``output()`` is copy 0's result for the bench's
+the same q4 weights as the fused float kernel and the peers (repacked: ``q4_int8_gemm.repack``),
+cycled through copies whose bytes exceed 2 x the last-level cache (copy i = the weights rolled
+by i rows, as ``phi2_peers.rolled`` makes them).  ``output()`` is copy 0's result for the bench's
 activation row; ``phi2_measure.check_peers`` reports its error against the float reference,
 as it does ORT's: the int8 arithmetic is a different computation and says so.
 """
@@ -25,11 +26,12 @@ class Int8Projection:
     def __init__(self, projection, base, plan, target, dev, x):
         import tvm
 
+        from tvm_ext.rules import q4_int8_gemm as rule
         from tvm_ext.targets import resolve_target
-        from tvm_ext.workloads.q4_int8 import check_target, isa_for, q4_int8_gemv, quantize_activations
+        from tvm_ext.workloads import q4_int8_gemm as g
 
         target = resolve_target(target)  # what is checked is what is compiled ("llvm": the host's CPU)
-        check_target(target)
+        g.check_target(target)
         packed, scale, bias = base
         n, kw = packed.shape
         k = kw * 8
@@ -39,22 +41,25 @@ class Int8Projection:
         self.copies = self.plan.copies(self.bytes)
 
         def build(func):
-            mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+            mod = rule.untuned(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
             return tvm.compile(mod, target=target)["main"]
 
-        self.quantize = build(quantize_activations(k))
-        self.isa = isa_for(target)  # vpdpbusd where the CPU has VNNI, vpmaddubsw/vpmaddwd otherwise
-        self.gemv = build(q4_int8_gemv(n, k, str(scale.dtype), isa=self.isa))
+        self.quantize = build(g.quantize_tokens(1, k))
+        self.gemv = build(g.gemm(1, n, k, "bias", str(scale.dtype)))
         up = lambda a: tvm.runtime.tensor(a, dev)  # noqa: E731
         self.x = up(np.ascontiguousarray(x.reshape(1, 1, k), "float32"))
         self.feed = {"x": x.reshape(1, -1)}  # what check_peers reads
-        self.acts = [up(np.zeros(k, "int8")), up(np.zeros(k // 8, "int32")), up(np.zeros(k // 8, "float32"))]
+        self.acts = [up(np.zeros((1, k // 8, 2, 4), "int8")), up(np.zeros((1, k // g.GROUP), "float32")),
+                     up(np.zeros((1, k // g.GROUP), "int32"))]
         self.y = up(np.zeros((1, 1, n), "float32"))
-        self.sets = [tuple(up(a) for a in rolled(base, i)) for i in range(self.copies)]
+        self.sets = []
+        for i in range(self.copies):
+            p, s, b = rolled(base, i)
+            self.sets.append(tuple(up(a) for a in (*g.repack(p, s), b)))
 
-    def _call(self, packed, scale, bias):
+    def _call(self, wq, ws, bias):
         self.quantize(self.x, *self.acts)
-        self.gemv(*self.acts, packed, scale, bias, self.y)
+        self.gemv(*self.acts, wq, ws, bias, self.y)
 
     def output(self):
         """Copy 0's output (the unrolled weights) for the input ``x``."""

@@ -1,8 +1,8 @@
-"""Phi-2 bench kernels: the three ways each kernel is scheduled (dlight, MetaSchedule,
-seeded with dlight), how they are built, checked and timed.
+"""Phi-2 bench kernels: which kernels a workload has, how they are built, checked and timed.
 
-Tuning, databases and candidate sampling go through ``tvm_ext.tune``; CUDA source and
-nvcc through ``tvm_ext.lowering`` and ``tvm_ext.check.nvcc``.
+How each is scheduled (dlight, our rules, a database's best, the seeds of a tuning) is
+``tvm_ext.tune.seeds``; tuning, databases and candidate sampling go through ``tvm_ext.tune``;
+CUDA source and nvcc through ``tvm_ext.lowering`` and ``tvm_ext.check.nvcc``.
 """
 from __future__ import annotations
 
@@ -15,13 +15,7 @@ import tvm_ffi
 from tvm_ext.arrays import random_arrays
 from tvm_ext.rulesets import space
 from tvm_ext.tune.runner import runner_seconds  # noqa: F401  (phi2 and its tests measure seeds with it)
-
-GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
-
-
-def is_gpu(target) -> bool:
-    return target.kind.name in GPU_KINDS
-
+from tvm_ext.tune.seeds import is_gpu
 
 def normalize(func):
     """The IRModule MetaSchedule keys a PrimFunc by (see TuneContext)."""
@@ -48,44 +42,6 @@ def kernelsets(workload, config, context, tokens, dtype):
     return wls, out
 
 
-# --------------------------------------------------------------------------- dlight
-def dlight_rules(target):
-    from tvm.s_tir import dlight as dl
-
-    if is_gpu(target):
-        g = dl.gpu
-        return [g.Matmul(), g.GEMV(), g.LowBatchGEMV(), g.Reduction(), g.GeneralReduction(), g.Fallback()]
-    return [dl.cpu.GEMV(), dl.cpu.Reduction()]
-
-
-def dlight_schedule(mod, target, validate=None):
-    """(rule name, Schedule) for the first dlight rule that applies; ("none", None) if none
-    does (on llvm the kernel then compiles unscheduled).  With ``validate`` (a callable that
-    raises when a scheduled module does not build), a rule whose schedule fails is skipped
-    and named in the result, e.g. "Fallback (GEMV failed)"."""
-    func = mod["main"]
-    failed = []
-    with target:
-        for rule in dlight_rules(target):
-            name = type(rule).__name__
-            try:
-                sch = rule.apply(func, target, False)
-            except Exception:  # noqa: BLE001 -- a rule that crashes counts as not applying
-                sch = None
-            if isinstance(sch, (list, tuple)):
-                sch = sch[0] if sch else None
-            if sch is None:
-                continue
-            if validate is not None:
-                try:
-                    validate(sch.mod)
-                except Exception:  # noqa: BLE001
-                    failed.append(name)
-                    continue
-            return (f"{name} ({', '.join(failed)} failed)" if failed else name), sch
-    return ("none" + (f" ({', '.join(failed)} failed)" if failed else "")), None
-
-
 # --------------------------------------------------------------------------- our CPU schedules
 def rule_module(required: bool = False):
     """The dequantize-GEMV rule module (rules/dequant_gemv.py, imported lazily), or None where
@@ -98,22 +54,6 @@ def rule_module(required: bool = False):
                              "which this install does not have") from None
         return None
     return dequant_gemv
-
-
-def cpu_rule_schedule(mod, target):
-    """(name, scheduled module) for the first of our untuned CPU schedules that schedules
-    ``mod``'s ``main`` -- DequantGEMV (projections), Q4Int8GEMM (int8 prefill projections), row_norm_cpu
-    (LayerNorm), contraction_cpu (attention) -- or None when none does (the "rule" schedules use dlight then).  Each
-    ``untuned`` returns the function it does not match as it was, so one call per rule decides."""
-    from tvm_ext.rules import (contraction_cpu, dequant_gemv, q4_int8_gemm,  # pylint: disable=import-outside-toplevel
-                               row_norm_cpu)
-
-    for name, rule in (("dequant_gemv", dequant_gemv), ("q4_int8_gemm", q4_int8_gemm), ("row_norm_cpu", row_norm_cpu),
-                       ("contraction_cpu", contraction_cpu)):
-        scheduled = rule.untuned(mod, target)
-        if not scheduled["main"].same_as(mod["main"]):
-            return name, scheduled
-    return None
 
 
 # --------------------------------------------------------------------------- build
@@ -281,39 +221,3 @@ def log_dir(tuning_dir, kind, target, fusion, schedule):
     """tuning_logs/phi2-<kind>-<target kind>-<fused|unfused>/<schedule>."""
     tname = target.kind.name
     return os.path.join(tuning_dir, f"phi2-{kind}-{tname}-{'fused' if fusion else 'unfused'}", schedule)
-
-
-def seed_database(db, mods, dlight, target, dlight_secs):
-    """Commit the dlight schedule of each kernel as a tuning record (empty trace where dlight
-    has no rule, i.e. the unscheduled kernel), with ``dlight_secs[name]`` as its run time.
-    The bench passes ``runner_seconds`` of the dlight kernels measured by the runner that
-    then tunes the database: a record ranks above the seed only if that same runner
-    measured it faster (a seed timed another way could rank a slower candidate first)."""
-    from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
-
-    for name, mod in mods.items():
-        if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
-            continue
-        wl = db.commit_workload(mod)
-        sch = dlight[name][1]
-        if sch is None:
-            # no dlight rule: seed the unscheduled kernel.  A record with an empty trace is
-            # written but never returned by JSONDatabase queries, so record a no-op lookup.
-            sch = Schedule(mod)
-            sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
-        db.commit_tuning_record(
-            ms.database.TuningRecord(
-                sch.trace, wl, run_secs=[float(dlight_secs[name])], target=target,
-                args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
-            )
-        )
-
-
-def best_schedule(db, mod):
-    """The best scheduled IRModule in ``db`` for ``mod``, or None."""
-    from tvm_ext.tune.apply import scheduled_mod
-    from tvm_ext.tune.database import best_record
-
-    record = best_record(db, mod)
-    return None if record is None else scheduled_mod(record, mod)

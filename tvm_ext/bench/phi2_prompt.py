@@ -8,7 +8,8 @@ the KV cache with the causal mask; then greedy decode continues from the cache t
 
 Rows (``SCHEDULES``): ``int8`` -- every kernel as our rules schedule it untuned (dlight for the
 rest); ``tuned`` -- the best record of a tuning database for each kernel it holds, ``int8`` for
-the others (``tune_prompt`` fills such a database through ``tvm_ext.space``: the GEMM's sketches,
+the others (``tune.seeds.tune_from_rules`` on ``model_kernels(model, PROMPT_FUNCS)`` fills such a
+database through ``tvm_ext.space``: the GEMM's sketches,
 MetaSchedule's rules for attention and the rest).  A float reference runs the same prompt token by
 token through the float decode step (``rule``): the first token after the prompt and the tokens
 after it are compared with each row's.
@@ -22,74 +23,11 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2_e2e import decoder
-from tvm_ext.bench.phi2_kernels import normalize
+from tvm_ext.bench.phi2_e2e import decoder, model_kernels
 from tvm_ext.bench.timing import set_threads
 
 SCHEDULES = ("int8", "tuned")
 PROMPT_FUNCS = ("embed_prompt", "prefill", "head_prompt")
-
-
-def prompt_kernels(model) -> dict:
-    """{name: normalized IRModule} of the kernels the prompt's functions call that a schedule can
-    change (hand-scheduled kernels and the in-place cache writes left out)."""
-    from tvm import tirx
-
-    from tvm_ext.workloads.phi2 import callees
-
-    out = {}
-    for fname in PROMPT_FUNCS:
-        for name in callees(model.mod[fname]):  # call_tir only: the in-place cache writes are not in it
-            func = model.mod[name]
-            if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tir.is_scheduled" in func.attrs):
-                out[name] = normalize(func)
-    return out
-
-
-def tune_prompt(model, target, db_dir: str, trials: int, threads=None, log=print) -> dict:
-    """Tune every ``prompt_kernels`` kernel up to ``trials`` records in ``db_dir`` (resumes), each
-    starting from our rules' untuned schedule (``seed_rules``): the tuned row never loses to it."""
-    from tvm_ext.targets import physical_cores, resolve_target
-    from tvm_ext.tune.kernels import tune_kernels
-
-    set_threads(threads or physical_cores())  # the runner's workers inherit it
-    mods, target = prompt_kernels(model), resolve_target(target)
-    seeded = seed_rules(mods, target, db_dir, log)
-    log(f"tuning {len(mods)} prompt kernels, {trials} trials each ({seeded} seeded with our rules' schedule), "
-        f"into {db_dir}")
-    return tune_kernels(mods, target, db_dir, trials, log=log)
-
-
-def rule_schedule(mod, target):
-    """Our rules' untuned Schedule of kernel ``mod`` (the q4 x int8 GEMM, a row normalization or a
-    contraction), or None."""
-    from tvm_ext.rules import contraction_cpu, q4_int8_gemm, row_norm_cpu
-
-    func = mod["main"]
-    return (q4_int8_gemm.schedule_of(func, target=target) or row_norm_cpu.schedule_of(func)
-            or contraction_cpu.schedule_of(func))
-
-
-def seed_rules(mods: dict, target, db_dir: str, log=print) -> int:
-    """Commit, for each kernel of ``mods`` with no record in ``db_dir``, our rules' untuned schedule
-    (``rule_schedule``) with the seconds the tuning runner measures: the search starts from it and
-    a tuned record ranks above it only when that runner measured it faster.  Returns how many."""
-    from tvm_ext.tune.database import records_of
-    from tvm_ext.tune.kernels import kernel_database
-    from tvm_ext.tune.runner import make_runner, runner_seconds
-    from tvm_ext.tune.transfer import commit_measured
-
-    database, picked = kernel_database(db_dir, log), {}
-    for name, mod in mods.items():
-        sch = None if records_of(database, mod) else rule_schedule(mod, target)
-        if sch is not None:
-            picked[name] = (mod, sch)
-    if picked:
-        log(f"measuring our rules' schedules of {len(picked)} kernels with the tuning runner ...")
-        secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, make_runner())
-        for name, (mod, sch) in picked.items():
-            commit_measured(database, mod, sch, secs[name], target)
-    return len(picked)
 
 
 def vnni_peak(threads: int, chains: int = 24, steps: int = 200_000) -> float:
@@ -131,7 +69,7 @@ def _gemm_shapes(model) -> dict:
     from tvm_ext.workloads.q4_int8_gemm import DOT_BLOCK
 
     out = {}
-    for name, mod in prompt_kernels(model).items():
+    for name, mod in model_kernels(model, PROMPT_FUNCS).items():
         blocks = [b for b in blocks_of(mod["main"]) if b.name_hint == DOT_BLOCK]
         if blocks:
             ext = [int(iv.dom.extent) for iv in blocks[0].iter_vars]  # g, t, nb, 16, 4, 2, 4
@@ -203,7 +141,7 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
 
     from tvm_ext.targets import describe_host, physical_cores
     from tvm_ext.workloads import phi2_model as pm
-    from tvm_ext.workloads.q4_int8 import check_target
+    from tvm_ext.workloads.q4_int8_gemm import check_target
 
     for how in schedules:
         if how not in SCHEDULES:
@@ -220,7 +158,9 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     model = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="int8", prompt=prompt)
     ids = [int(t) for t in np.random.default_rng([seed, 7]).integers(model.cfg["vocab"], size=prompt)]
     if tune_trials:
-        tune_prompt(model, target, database, tune_trials, threads, log)
+        from tvm_ext.tune.seeds import tune_from_rules
+
+        tune_from_rules(model_kernels(model, PROMPT_FUNCS), target, database, tune_trials, log)
     shapes = _gemm_shapes(model)
     dev, rows, shared = tvm.cpu(0), [], None
     for how in schedules:

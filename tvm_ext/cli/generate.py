@@ -4,7 +4,7 @@ memory-bandwidth bound measured in the same run."""
 
 def add_parser(sub) -> None:
     from tvm_ext.cli.common import count
-    from tvm_ext.cli.generate_prompt import PROMPT_DATABASE, SAVED_PROMPT_DATABASE
+    from tvm_ext.cli.generate_prompt import INT8_DATABASE, SAVED_INT8_DATABASE
 
     p = sub.add_parser(
         "generate", help="whole-model Phi-2 q4 decode: tokens/s vs the bandwidth bound",
@@ -23,18 +23,18 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=int, default=None,
                    help="past positions already in the KV cache (random; default 512, with --prompt 0)")
     p.add_argument("--schedule", default=None,
-                   help="comma-separated, each a row of the same run (weights built once): dlight "
-                        "(default); rule: tvm_ext's CPU schedules (dequantize-GEMV, LayerNorm, attention) "
-                        "for the kernels they match, dlight for the rest; tuned: the best records of "
-                        "--database for the kernels it holds, as rule for the rest; none: unscheduled "
-                        "kernels (quick checks); int8: as rule, but the projections quantize their "
-                        "activations per group of 32 to int8 (integer dot products, AVX2; as ONNX "
-                        "Runtime's accuracy_level 4): different numbers, so the row reports its "
-                        "tokens and first-step logits against the float rows'")
+                   help="comma-separated, each a row of the same run (weights built once per layout): "
+                        "dlight (default); rule: tvm_ext's CPU schedules (dequantize-GEMV, LayerNorm, "
+                        "attention) for the kernels they match, dlight for the rest; int8: as rule, but "
+                        "the projections quantize their activations per group of 32 to int8 (the q4 x int8 "
+                        "GEMM rule: integer dot products, AVX2 or VNNI; as ONNX Runtime's accuracy_level 4): "
+                        "different numbers, so the row reports its tokens and first-step logits against "
+                        "the float rows'; tuned: the int8 model with the best records of --database for "
+                        "the kernels it holds, as int8 for the rest (tuned at 0 trials is int8); none: "
+                        "unscheduled kernels (quick checks)")
     p.add_argument("--database", metavar="DIR", default=None,
-                   help="tuning work dir for --schedule tuned (default "
-                        "tuning_logs/phi2-decode-llvm-fused/metaschedule; with --prompt "
-                        f"{PROMPT_DATABASE}, else the saved {SAVED_PROMPT_DATABASE} where it exists)")
+                   help=f"tuning work dir for --schedule tuned (default: with --tune {INT8_DATABASE}, "
+                        f"else the saved {SAVED_INT8_DATABASE} where it exists)")
     p.add_argument("--prompt", type=count, default=0, metavar="N",
                    help="prompt processing: N prompt tokens (even) through every layer at once (int8 activations, "
                         "the q4 x int8 GEMM rule: AVX-512 VNNI), then TOKENS decoded from the cache it wrote; "
@@ -43,9 +43,10 @@ def add_parser(sub) -> None:
                         "beside the rows'. --schedule then takes int8 (our rules untuned) and tuned "
                         "(default both)")
     p.add_argument("--tune", type=count, default=0, metavar="TRIALS",
-                   help="with --prompt: first tune the prompt's kernels TRIALS trials each (resumable) into "
-                        f"--database (default {PROMPT_DATABASE}; 32 trials: ~4 minutes "
-                        "for a prompt size on 2 cores)")
+                   help="first tune the int8 model's kernels TRIALS trials each (resumable) into --database "
+                        f"(default {INT8_DATABASE}) through tvm_ext.space, each starting from our rules' "
+                        "schedule: the decode step's kernels, with --prompt the prompt's (32 trials: ~4 "
+                        "minutes for a prompt size on 2 cores); then --schedule tuned reads them")
     p.add_argument("--peers", default="", metavar="LIST",
                    help="with --prompt, comma-separated: llama.cpp (its llama-bench built from the "
                         "llama-cpp-python sdist on first use, ~6 minutes on 2 cores, cached in "
@@ -70,19 +71,23 @@ def run(args) -> int:
     from tvm_ext.bench.phi2_e2e import decode_e2e_rows
     from tvm_ext.cli.common import check_out_dir, log
 
-    if args.prompt or args.tune or args.peers:
-        from tvm_ext.cli.generate_prompt import run_prompt
+    from tvm_ext.cli.generate_prompt import int8_database, run_prompt
 
+    if args.prompt or args.peers:
         return run_prompt(args)
-    schedules = tuple(x.strip() for x in (args.schedule or "dlight").split(",") if x.strip())
+    schedules = tuple(x.strip() for x in (args.schedule or ("tuned" if args.tune else "dlight")).split(",")
+                      if x.strip())
     if not schedules:
         raise ValueError("--schedule is empty")
+    if args.tune and "tuned" not in schedules:
+        raise ValueError("--tune fills the database of --schedule tuned: add tuned to --schedule")
     args.context = 512 if args.context is None else args.context
     if args.context < 0:
         raise ValueError(f"--context must be at least 0, not {args.context}")
     check_out_dir(args.out)
     rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
-                           context=args.context, threads=args.threads, seed=args.seed, database=args.database,
+                           context=args.context, threads=args.threads, seed=args.seed,
+                           database=int8_database(args), tune_trials=args.tune,
                            log=(lambda msg: None) if args.quiet else log)
     text = json.dumps(rows[0] if len(rows) == 1 else rows)
     if args.out:

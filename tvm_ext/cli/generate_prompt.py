@@ -3,9 +3,16 @@ from __future__ import annotations
 
 import os
 
-PROMPT_DATABASE = "tvm_ext_work/phi2-prompt-llvm"
-SAVED_PROMPT_DATABASE = "tuning_logs/phi2-prompt-llvm"
+INT8_DATABASE = "tvm_ext_work/phi2-int8-llvm"  # where --tune writes (git-ignored)
+SAVED_INT8_DATABASE = "tuning_logs/phi2-int8-llvm"  # what tvm-ext save kept (the prompt's and decode's kernels)
 PEERS = ("llama.cpp", "ort")
+
+
+def int8_database(args) -> str:
+    """--database, else the work dir when tuning or when nothing is saved, else the saved one."""
+    if args.database:
+        return args.database
+    return INT8_DATABASE if args.tune or not os.path.isdir(SAVED_INT8_DATABASE) else SAVED_INT8_DATABASE
 
 
 def run_prompt(args) -> int:
@@ -16,7 +23,7 @@ def run_prompt(args) -> int:
     from tvm_ext.jsonio import write_json
 
     if not args.prompt:
-        raise ValueError("--tune and --peers go with --prompt N (prompt processing)")
+        raise ValueError("--peers goes with --prompt N (prompt processing)")
     if args.prompt % 2:
         raise ValueError(f"--prompt must be even (the GEMM's token tiles are 2, 4 or 8 tokens), not {args.prompt}")
     schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
@@ -29,8 +36,7 @@ def run_prompt(args) -> int:
     context = 0 if args.context is None else args.context
     if context < 0:
         raise ValueError(f"--context must be at least 0, not {context}")
-    database = args.database or (PROMPT_DATABASE if args.tune or not os.path.isdir(SAVED_PROMPT_DATABASE)
-                                 else SAVED_PROMPT_DATABASE)
+    database = int8_database(args)
     check_out_dir(args.out)
     quiet = (lambda msg: None) if args.quiet else log
     out = prompt_rows(schedules, config=args.config, layers=args.layers, prompt=args.prompt, tokens=args.tokens,

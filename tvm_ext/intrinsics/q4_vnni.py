@@ -10,33 +10,49 @@ packed word = 8 nibbles = 8 consecutive inputs of a column, input 8v + j in nibb
 activations quantized to int8, stored per word as its even inputs then its odd ones
 (``x[m, v, p, b]`` = input 8v + 2b + p).  Implementation, per word: one 64-byte load of the 16
 columns' words, ``& 0x0F0F0F0F`` (the even inputs' nibbles, one per byte) and ``>> 4 & 0x0F0F0F0F``
-(the odd ones'): unpacked once and used by all MB tokens, each one ``vpdpbusd`` (unsigned nibbles x
-the token's 4 signed activation bytes broadcast) per parity.  The MB x NB accumulators stay in
-registers for the whole group.  ``lanes=16``: one 512-bit ``vpdpbusd`` per 16 columns (AVX-512 VNNI);
-``lanes=8``: two 256-bit VEX ``vpdpbusd`` (AVX-VNNI: Intel client CPUs since Alder Lake, also Zen 4/5).
+(the odd ones'): unpacked once and used by all MB tokens, each one product of unsigned nibbles x the
+token's 4 signed activation bytes broadcast, per parity.  The MB x NB accumulators stay in registers
+for the whole group.  Forms (``FORMS``, picked per target by ``form_for``):
+
+* ``avx512vnni``: one 512-bit ``vpdpbusd`` per 16 columns and parity;
+* ``avxvnni``: two 256-bit VEX ``vpdpbusd`` (Intel client CPUs since Alder Lake, also Zen 4/5);
+* ``avx2``: ``vpmaddubsw`` (both parities' pairs summed in int16: at most 4 x 15 x 127, exact) and
+  ``vpmaddwd`` by ones, on 256 bits: every x86 CPU since Haswell.
+
+MB = 1 or NB = 1 tiles have their own descriptions (``compute_at`` drops an extent-1 loop; the tile
+must match the loops left).  ``ahead`` > 0 adds a software prefetch of each weight line that many
+bytes further in its column block's stream: a one-token tile (decode) is DRAM-bound, and the
+hardware prefetchers alone stop at each 4 KiB page.
 """
 from __future__ import annotations
 
 from tvm.script import tirx as T
 
 from tvm_ext.intrinsics import register_once
-from tvm_ext.intrinsics.vnni import vpdpbusd
+from tvm_ext.intrinsics.vnni import MADDUBS, MADDWD, vpdpbusd
 
 WORDS = 4  # packed words of a group of 32 inputs
-LANES = 16  # columns of one 512-bit vector
-TOKEN_TILES = (2, 4, 8)  # MB choices registered (an extent-1 loop is dropped by compute_at, the
-# description would not match it)
-COLUMN_TILES = (2, 4)  # NB choices registered (x 16 columns)
+LANES = 16  # columns of a column block (one 512-bit vector of int32)
+TOKEN_TILES = (1, 2, 4, 8)  # MB choices registered
+COLUMN_TILES = (1, 2, 4)  # NB choices registered (x 16 columns)
+AHEAD = (0, 4096, 8192)  # prefetch distances registered (bytes)
+FORMS = {"avx512vnni": 16, "avxvnni": 8, "avx2": 8}  # form -> int32 lanes of one product
 
 
-FORMS = {16: "avx512vnni", 8: "avxvnni"}  # int32 lanes of one vpdpbusd -> the ISA it needs
+def intrin_name(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0) -> str:
+    return f"tvm_ext.q4_int8_group_{form}_m{mb}_n{nb}" + (f"_pf{ahead}" if ahead else "")
 
 
-def intrin_name(mb: int, nb: int, lanes: int = LANES) -> str:
-    return f"tvm_ext.q4_int8_group_{FORMS[lanes]}_m{mb}_n{nb}"
+def _update(c, w, x, m, n, v, i, p, b):
+    """The description's statement for token m, block n, column i, word v, parity p, byte b."""
+    return c[m, n, i] + T.Cast("int32", T.bitwise_and(T.shift_right(w[n, v, i], T.Cast("uint32", b * 8 + p * 4)),
+                                                      T.uint32(15))) * T.Cast("int32", x[m, v, p, b])
 
 
 def _desc(mb: int, nb: int):
+    if mb == 1:
+        return _desc_one_token(nb)
+
     @T.prim_func(s_tir=True)
     def desc(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
              w: T.Buffer((nb, WORDS, LANES), "uint32", offset_factor=1),
@@ -47,18 +63,68 @@ def _desc(mb: int, nb: int):
             for m, n, i, v, p, b in T.grid(mb, nb, LANES, WORDS, 2, 4):
                 with T.sblock("update"):
                     vm, vn, vi, vv, vp, vb = T.axis.remap("SSSRRR", [m, n, i, v, p, b])
-                    c[vm, vn, vi] = c[vm, vn, vi] + T.Cast("int32", T.bitwise_and(
-                        T.shift_right(w[vn, vv, vi], T.Cast("uint32", vb * 8 + vp * 4)), T.uint32(15))) * T.Cast(
-                        "int32", x[vm, vv, vp, vb])
+                    c[vm, vn, vi] = _update(c, w, x, vm, vn, vv, vi, vp, vb)
 
     return desc
 
 
-def _impl(mb: int, nb: int, lanes: int = LANES):
-    dot = vpdpbusd(lanes)
+def _desc_one_token(nb: int):
+    if nb == 1:
+        return _desc_one_block()
+
+    @T.prim_func(s_tir=True)
+    def desc(c: T.Buffer((1, nb, LANES), "int32", offset_factor=1),
+             w: T.Buffer((nb, WORDS, LANES), "uint32", offset_factor=1),
+             x: T.Buffer((1, WORDS, 2, 4), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(c[0, 0:nb, 0:LANES], w[0:nb, 0:WORDS, 0:LANES], x[0, 0:WORDS, 0:2, 0:4])
+            T.writes(c[0, 0:nb, 0:LANES])
+            for n, i, v, p, b in T.grid(nb, LANES, WORDS, 2, 4):
+                with T.sblock("update"):
+                    vn, vi, vv, vp, vb = T.axis.remap("SSRRR", [n, i, v, p, b])
+                    c[0, vn, vi] = _update(c, w, x, 0, vn, vv, vi, vp, vb)
+
+    return desc
+
+
+def _desc_one_block():
+    @T.prim_func(s_tir=True)
+    def desc(c: T.Buffer((1, 1, LANES), "int32", offset_factor=1),
+             w: T.Buffer((1, WORDS, LANES), "uint32", offset_factor=1),
+             x: T.Buffer((1, WORDS, 2, 4), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(c[0, 0, 0:LANES], w[0, 0:WORDS, 0:LANES], x[0, 0:WORDS, 0:2, 0:4])
+            T.writes(c[0, 0, 0:LANES])
+            for i, v, p, b in T.grid(LANES, WORDS, 2, 4):
+                with T.sblock("update"):
+                    vi, vv, vp, vb = T.axis.remap("SRRR", [i, v, p, b])
+                    c[0, 0, vi] = _update(c, w, x, 0, 0, vv, vi, vp, vb)
+
+    return desc
+
+
+def _product(form: str):
+    """``step(acc, even_nibbles, x_even, odd_nibbles, x_odd)`` on ``FORMS[form]`` int32 lanes."""
+    lanes = FORMS[form]
+    if form != "avx2":
+        dot = vpdpbusd(lanes)
+        return lambda acc, ne, xe, no, xo: dot(dot(acc, ne, xe), no, xo)
+    ones = T.broadcast(T.int16(1), 16)
+
+    def maddubs(a, b):
+        return T.call_llvm_pure_intrin("int16x16", T.llvm_lookup_intrinsic_id(MADDUBS), a, b)
+
+    return lambda acc, ne, xe, no, xo: acc + T.call_llvm_pure_intrin(
+        "int32x8", T.llvm_lookup_intrinsic_id(MADDWD), maddubs(ne, xe) + maddubs(no, xo), ones)
+
+
+def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
+    lanes = FORMS[form]
+    step = _product(form)
     mask = T.broadcast(T.uint32(0x0F0F0F0F), lanes)
     four = T.broadcast(T.uint32(4), lanes)
     halves = LANES // lanes
+    words_ahead = ahead // (LANES * 4)  # a word row of a column block (16 words) is one 64-byte line
 
     def nibbles(w, n, v, h, p):  # ``lanes`` columns' nibbles of parity p in word v, one per byte
         word = w.vload([n, v, h * lanes], f"uint32x{lanes}")
@@ -67,6 +133,11 @@ def _impl(mb: int, nb: int, lanes: int = LANES):
     def bcast(x, m, v, p):  # the token's 4 activation bytes of word v, parity p, in every lane
         return T.reinterpret(f"int8x{4 * lanes}", T.broadcast(
             T.reinterpret(x.vload([m, v, p, 0], "int8x4"), dtype="int32"), lanes))
+
+    def ask(w, n, v):  # the line ``ahead`` bytes further in column block n's stream, or nothing
+        if not words_ahead:
+            return T.int32(0)
+        return T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(w[n, v + words_ahead, 0]), 0, 3, 1)
 
     @T.prim_func(s_tir=True)
     def impl(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
@@ -77,31 +148,36 @@ def _impl(mb: int, nb: int, lanes: int = LANES):
             T.writes(c[0:mb, 0:nb, 0:LANES])
             for v in T.unroll(WORDS):
                 for n in T.unroll(nb):
+                    T.evaluate(ask(w, n, v))
                     for h in T.unroll(halves):
                         for m in T.unroll(mb):
-                            c[m, n, T.ramp(h * lanes, 1, lanes)] = dot(dot(
+                            c[m, n, T.ramp(h * lanes, 1, lanes)] = step(
                                 c.vload([m, n, h * lanes], f"int32x{lanes}"), nibbles(w, n, v, h, 0),
-                                bcast(x, m, v, 0)), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
+                                bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
 
     return impl
 
 
-def register(mb: int, nb: int, lanes: int = LANES) -> str:
-    """Register (once) and name the (MB, NB) intrinsic with ``lanes``-lane vpdpbusd."""
-    return register_once(intrin_name(mb, nb, lanes), lambda: (_desc(mb, nb), _impl(mb, nb, lanes)))
+def register(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0) -> str:
+    """Register (once) and name the (MB, NB) tile intrinsic of ``form`` prefetching ``ahead`` bytes."""
+    return register_once(intrin_name(mb, nb, form, ahead), lambda: (_desc(mb, nb), _impl(mb, nb, form, ahead)))
 
 
 def register_intrinsics() -> None:
-    """Every (MB, NB, lanes) form (a database whose traces name them loads only once they exist)."""
-    for lanes in FORMS:
+    """Every form the rule offers (a database whose traces name them loads only once they exist):
+    every (MB, NB) of each ISA form, the prefetching ones for one token."""
+    for form in FORMS:
         for mb in TOKEN_TILES:
             for nb in COLUMN_TILES:
-                register(mb, nb, lanes)
+                for ahead in AHEAD if mb == 1 else (0,):
+                    register(mb, nb, form, ahead)
 
 
-def lanes_for(target) -> int | None:
-    """16 where ``target`` has AVX-512 VNNI, 8 where it has AVX-VNNI only, else None."""
-    from tvm_ext.targets import vnni_kinds  # pylint: disable=import-outside-toplevel
+def form_for(target) -> str | None:
+    """The best form ``target`` runs: avx512vnni, avxvnni, avx2, or None (no AVX2)."""
+    from tvm_ext.targets import has_avx2, vnni_kinds  # pylint: disable=import-outside-toplevel
 
-    kinds = vnni_kinds(target) if target is not None else []
-    return next((lanes for lanes, kind in FORMS.items() if kind in kinds), None)
+    if target is None:
+        return None
+    kinds = vnni_kinds(target)
+    return kinds[0] if kinds else ("avx2" if has_avx2(target) else None)

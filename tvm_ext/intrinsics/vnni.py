@@ -38,7 +38,7 @@ AVX2_INTRIN = "tvm_ext.dot_16x4_avx2"
 # and 2-3 of each 4-byte group) has 255 * (|w0| + |w1|) <= 32767: vpmaddubsw's saturating
 # int16 pair sums are then exact, so the AVX2 form of the 16x4 product may be used.
 PAIRS_FIT_INT16_ATTR = "tvm_ext.u8s8_pairs_fit_int16"
-# The LLVM intrinsics of the AVX2 u8 x s8 products (also used by workloads/q4_int8.py, as is
+# The LLVM intrinsics of the AVX2 u8 x s8 products (also used by intrinsics/q4_vnni.py, as is
 # ``vpdpbusd``)
 MADDUBS = "llvm.x86.avx2.pmadd.ub.sw"  # 32 u8 x s8 -> 16 int16 (adjacent pairs, saturating)
 MADDWD = "llvm.x86.avx2.pmadd.wd"  # 16 x 16 int16 -> 8 int32 (adjacent pairs)

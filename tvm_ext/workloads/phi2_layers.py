@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from .q4_int8 import gelu_tanh_np  # the NumPy gelu both arithmetics' references use
-from .q4_int8 import te_gelu_tanh as _te_gelu_tanh
+from .gelu import gelu_tanh_np  # the NumPy gelu both arithmetics' references use
+from .gelu import te_gelu_tanh as _te_gelu_tanh
 
 CONFIGS = {
     "full": dict(hidden=2560, heads=32, head_dim=80, mlp=10240, vocab=51200, rotary=32),
@@ -198,9 +198,8 @@ COMPUTES = ("float", "int8")
 def projector(bb, dtype, compute="float"):
     """``proj(x, weight triple, gelu=False) -> x @ W + bias`` (gelu_tanh applied after when
     ``gelu``).  ``compute="float"``: ``linear`` (dequantize, matmul, add; fused later).
-    ``compute="int8"``: activations quantized per group to int8 (once per distinct ``x``) and
-    the hand-scheduled int8 GEMV of ``tvm_ext.workloads.q4_int8`` (AVX2; one token, float32), or
-    for a prompt the q4 x int8 GEMM of ``q4_int8_gemm`` (AVX-512 VNNI; weights repacked)."""
+    ``compute="int8"``: activations quantized per token and group to int8 (once per distinct ``x``)
+    and the q4 x int8 GEMM of ``q4_int8_gemm`` (weights repacked; float32)."""
 
     if compute not in COMPUTES:
         raise ValueError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}")
@@ -227,46 +226,29 @@ def _shape(a) -> list:
 
 
 def _quantize_int8(bb, x):
-    """Relax vars of ``x`` (1, M, K) quantized per group to int8: one token (decode) ->
-    (xq, corr, x_scale) of ``q4_int8``; M tokens (prefill, M even) -> (xq, x_scale, corr) of
-    ``q4_int8_gemm``."""
+    """Relax vars (xq, x_scale, corr) of ``x`` (1, M, K) quantized per token and group of 32 to int8
+    (``q4_int8_gemm.quantize_tokens``)."""
     from tvm import relax
 
-    from .q4_int8 import quantize_activations
     from .q4_int8_gemm import GROUP as G, quantize_tokens
 
     _, n, k = _shape(x)
-    if n == 1:
-        gv = bb.add_func(quantize_activations(k), f"quantize_int8_{k}")
-        out_ty = [relax.TensorType((k,), "int8"), relax.TensorType((k // 8,), "int32"),
-                  relax.TensorType((k // 8,), "float32")]
-    else:
-        gv = bb.add_func(quantize_tokens(n, k), f"quantize_int8_{n}x{k}")
-        out_ty = [relax.TensorType((n, k // 8, 2, 4), "int8"), relax.TensorType((n, k // G), "float32"),
-                  relax.TensorType((n, k // G), "int32")]
+    gv = bb.add_func(quantize_tokens(n, k), f"quantize_int8_{n}x{k}")
+    out_ty = [relax.TensorType((n, k // 8, 2, 4), "int8"), relax.TensorType((n, k // G), "float32"),
+              relax.TensorType((n, k // G), "int32")]
     out = bb.emit(relax.call_tir(gv, [x], out_ty=out_ty))
     return [bb.emit(relax.TupleGetItem(out, i)) for i in range(3)]
 
 
 def _linear_int8(bb, q, wt, epilogue):
-    """``y = x @ W + bias`` (then gelu for ``epilogue="bias_gelu"``) from quantized activations:
-    the hand-scheduled GEMV for one token (weights as the model stores them), the GEMM of
-    ``q4_int8_gemm`` (scheduled by rules/q4_int8_gemm.py) for a prompt (weights ``repack``-ed:
-    a 3-d packed array)."""
-    from tvm import relax
-
-    from .q4_int8 import q4_int8_gemv
+    """``y = x @ W + bias`` (then gelu for ``epilogue="bias_gelu"``) from quantized activations: the
+    GEMM of ``q4_int8_gemm`` (one token or many; scheduled by rules/q4_int8_gemm.py) on weights
+    ``repack``-ed (a 3-d packed array)."""
     from .q4_int8_gemm import gemm_compute
 
     packed, scale, bias = wt
-    if len(_shape(packed)) == 3:
-        return bb.emit_te(gemm_compute, *q, _arg(packed), _arg(scale), _arg(bias, "float32"), epilogue,
-                          primfunc_name_hint="q4_int8_gemm")
-    n, kw = _shape(packed)
-    sdt = str(scale.dtype) if isinstance(scale, np.ndarray) else str(scale.ty.dtype)
-    gv = bb.add_func(q4_int8_gemv(n, kw * 8, sdt, epilogue), f"q4_int8_gemv_{kw * 8}x{n}_{epilogue}")
-    return bb.emit(relax.call_tir(gv, [*q, _arg(packed), _arg(scale), _arg(bias, "float32")],
-                                  out_ty=relax.TensorType((1, 1, n), "float32")))
+    return bb.emit_te(gemm_compute, *q, _arg(packed), _arg(scale), _arg(bias, "float32"), epilogue,
+                      primfunc_name_hint="q4_int8_gemm")
 
 
 def attention(bb, q, k, v, head_dim, dtype, mask_past=None):

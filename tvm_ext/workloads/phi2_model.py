@@ -152,7 +152,7 @@ def _weight_vars(cfg, names, repacked=False):
         if name in shapes and repacked:
             k, n = shapes[name]
             out[name] = (relax.Var(f"{name}_wq", relax.TensorType((n // 16, k // 8, 16), "uint32")),
-                         relax.Var(f"{name}_ws", relax.TensorType((n // 16, k // GROUP, 16), "float32")),
+                         relax.Var(f"{name}_ws", relax.TensorType((n // 16, k // GROUP, 16), "float16")),
                          relax.Var(f"{name}_b", relax.TensorType((n,), DTYPE)))
         elif name in shapes:
             k, n = shapes[name]
@@ -198,21 +198,23 @@ def _build_module(cfg, capacity, compute="float", prompt=0):
                 out = bb.emit_output(relax.Tuple([h, *caches]))
             bb.emit_func_output(out)
 
+    repacked = compute == "int8"  # the int8 projections read the weights of q4_int8_gemm.repack
+
     def head(name, n):
         h = relax.Var("h", relax.TensorType((1, n, d), DTYPE))
-        head_w = _weight_vars(cfg, ("lnf_g", "lnf_b", "lm_head"))
+        head_w = _weight_vars(cfg, ("lnf_g", "lnf_b", "lm_head"), repacked)
         with bb.function(name, [h, *_flat(head_w, ("lnf_g", "lnf_b", "lm_head"))]):
             with bb.dataflow():
                 out = bb.emit_output(emit_head(bb, cfg, head_w, h, n, DTYPE, compute))
             bb.emit_func_output(out)
 
     embed("embed", 1)
-    layer("layer", 1, bb.add_func(_kv_write(capacity, hh, hd, DTYPE), "kv_write"), False)
+    layer("layer", 1, bb.add_func(_kv_write(capacity, hh, hd, DTYPE), "kv_write"), repacked)
     head("head", 1)
     if prompt:
         embed("embed_prompt", prompt)
         kv_prompt = bb.add_func(_kv_write_prompt(capacity, prompt, hh, hd, DTYPE), "kv_write_prompt")
-        layer("prefill", prompt, kv_prompt, compute == "int8")
+        layer("prefill", prompt, kv_prompt, repacked)
         head("head_prompt", prompt)
     return bb.get()
 
@@ -235,22 +237,26 @@ class Decoder:
         self.vm = relax.VirtualMachine(self.rt, self.dev)
         self.rules = {}  # kernel name -> schedule it got (set by whoever scheduled the module)
         up = lambda a: tvm.runtime.tensor(a, self.dev)  # noqa: E731
-        t0 = time.time()
-        self.layer_w = [] if share is None else share.layer_w
-        # the int8 prefill's projections read their weights repacked (q4_int8_gemm.repack): a second copy
-        repack = bool(model.prompt) and model.compute == "int8"
-        self.prefill_w = ([] if share is None else share.prefill_w) if repack else self.layer_w
-        for i in range(model.layers if share is None else 0):
-            w = model.layer_weights(i)
-            self.layer_w.append([up(a) for a in _flat(w, LAYER_WEIGHTS)])
-            if repack:
-                self.prefill_w.append([up(a) for a in _flat(_repacked(w), LAYER_WEIGHTS)])
-            done = i + 1
-            if done % 4 == 0 or done == model.layers:
-                left = (time.time() - t0) / done * (model.layers - done)
-                log(f"weights: {done}/{model.layers} layers, ETA {left:.0f} s")
-        self.head_w = share.head_w if share is not None else [
-            up(a) for a in _flat(model.head_weights(), ("lnf_g", "lnf_b", "lm_head"))]
+        # weights by layout, shared with ``share`` (uploading the layout this model needs once): the
+        # float projections read the model's (N, K/8) words, the int8 ones ``q4_int8_gemm.repack``'s
+        self.store = share.store if share is not None else {}
+        layout = "repacked" if model.compute == "int8" else "plain"
+        if layout not in self.store:
+            t0, layers = time.time(), []
+            for i in range(model.layers):
+                w = model.layer_weights(i)
+                layers.append([up(a) for a in _flat(_repacked(w) if layout == "repacked" else w, LAYER_WEIGHTS)])
+                done = i + 1
+                if done % 4 == 0 or done == model.layers:
+                    left = (time.time() - t0) / done * (model.layers - done)
+                    log(f"weights ({layout}): {done}/{model.layers} layers, ETA {left:.0f} s")
+            head = model.head_weights()
+            self.store[layout] = layers, [up(a) for a in _flat(
+                _repacked(head, ("lm_head",)) if layout == "repacked" else head, ("lnf_g", "lnf_b", "lm_head"))]
+            if "table" not in self.store:  # the tied embedding reads the model's layout
+                self.store["table"] = [up(a) for a in head["lm_head"][:2]]
+        self.layer_w, self.head_w = self.store[layout]
+        self.table = self.store["table"]
         cfg = model.cfg
         shape = (1, model.capacity, cfg["heads"], cfg["head_dim"])
         zeros = np.zeros(shape, DTYPE)
@@ -283,7 +289,7 @@ class Decoder:
         """Logits (vocab,) of the token after ``token`` at position ``pos``."""
         call = call or (lambda name, *args: self.vm[name](*args))
         pos_t = self._i32(pos)
-        x = call("embed", self._i32(token), *self.head_w[2:4])
+        x = call("embed", self._i32(token), *self.table)
         for i, w in enumerate(self.layer_w):
             x, kc, vc = call("layer", x, self.caches[i][0], self.caches[i][1], pos_t, *w)
             self.caches[i] = [kc, vc]
@@ -299,8 +305,8 @@ class Decoder:
         import tvm
 
         pos_t = self._i32(start)
-        x = call("embed_prompt", tvm.runtime.tensor(np.asarray(tokens, "int32"), self.dev), *self.head_w[2:4])
-        for i, w in enumerate(self.prefill_w):
+        x = call("embed_prompt", tvm.runtime.tensor(np.asarray(tokens, "int32"), self.dev), *self.table)
+        for i, w in enumerate(self.layer_w):
             x, kc, vc = call("prefill", x, self.caches[i][0], self.caches[i][1], pos_t, *w)
             self.caches[i] = [kc, vc]
         return call("head_prompt", x, *self.head_w).numpy().reshape(-1)
@@ -355,12 +361,12 @@ class Decoder:
         return out, logits
 
 
-def _repacked(w):
-    """Layer weights ``w`` with the projections in the layout of ``q4_int8_gemm.repack``."""
+def _repacked(w, names=("qkv", "dense", "fc1", "fc2")):
+    """Weights ``w`` with the projections ``names`` in the layout of ``q4_int8_gemm.repack``."""
     from .q4_int8_gemm import repack
 
     out = dict(w)
-    for name in ("qkv", "dense", "fc1", "fc2"):
+    for name in names:
         packed, scale, bias = w[name]
         out[name] = (*repack(packed, scale), bias)
     return out

@@ -1,7 +1,7 @@
-"""Prefill q4 x int8 GEMM: many tokens' activations quantized to int8, integer dot products per group.
+"""The q4 x int8 GEMM: activations quantized to int8 per token and group, integer dot products per group.
 
-Same arithmetic as the decode int8 GEMV (``q4_int8``) and ONNX Runtime's MatMulNBits at
-accuracy_level 4, for M tokens at once:
+The arithmetic of ONNX Runtime's MatMulNBits at accuracy_level 4, for M tokens at once (M = 1: the
+decode's GEMV, M even: a prompt's prefill):
 
     y[m, n] = bias[n] + sum_g  w_scale[n, g] * x_scale[m, g] * (sum_{k in g} q[n, k] * xq[m, k] + corr[m, g])
 
@@ -12,7 +12,7 @@ Operands, in the layouts the VNNI tile (``intrinsics.q4_vnni``) reads:
 ``x_scale``, ``corr`` (M, K/32) float32 / int32, from ``quantize_tokens`` (per token, per group of 32)
 ``wq`` (N/16, K/8, 16) uint32   the model's (N, K/8) packed words, 16 columns side by side
                                 (``repack``: a transpose of whole words, same bytes)
-``ws`` (N/16, K/32, 16) float32 the model's (N, K/32) scales, likewise (``repack``)
+``ws`` (N/16, K/32, 16)         the model's (N, K/32) scales (float16 or float32), likewise (``repack``)
 
 ``gemm`` is a TE compute of two blocks, ``q4_int8_dot`` (int32 per token, column and group) and
 ``q4_int8_scale`` (the float sum over groups, bias first); ``rules/q4_int8_gemm.py`` schedules it.
@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .q4_int8 import GROUP, ZERO_POINT, gelu_tanh_np
+from .gelu import gelu_tanh_np, te_gelu_tanh
 
+GROUP = 32  # inputs per scale (activation and weight)
+ZERO_POINT = 7  # the q4 weights' zero point
 LANES = 16
 WORDS = GROUP // 8
 EPILOGUES = ("bias", "bias_gelu")
@@ -31,17 +33,24 @@ SCALE_BLOCK = "q4_int8_scale"
 
 
 def check_shape(m: int, n: int, k: int) -> None:
-    """ValueError unless M is even (tiles of 2, 4 or 8 tokens), N a multiple of 32 and K of 32."""
-    if m < 2 or m % 2 or n % (2 * LANES) or k % GROUP or k < GROUP:
-        raise ValueError(f"the q4 x int8 GEMM needs M even, N a multiple of {2 * LANES} and K of {GROUP}, "
+    """ValueError unless M is 1 or even (tiles of 2, 4 or 8 tokens), N a multiple of 32 and K of 32."""
+    if m < 1 or (m > 1 and m % 2) or n % (2 * LANES) or k % GROUP or k < GROUP:
+        raise ValueError(f"the q4 x int8 GEMM needs M 1 or even, N a multiple of {2 * LANES} and K of {GROUP}, "
                          f"not M={m}, N={n}, K={k}")
+
+
+def check_target(target) -> None:
+    """ValueError unless ``target`` is an x86 LLVM target with AVX2 (the tile intrinsic's forms)."""
+    from tvm_ext.intrinsics.q4_vnni import form_for
+    from tvm_ext.targets import resolve_target
+
+    if form_for(resolve_target(target)) is None:
+        raise ValueError(f"the int8-activation kernels need an x86 CPU target with AVX2, not {target}")
 
 
 def gemm_compute(xq, xs, corr, wq, ws, bias, epilogue: str = "bias"):
     """The GEMM's output tensor (1, M, N) from TE tensors in the module doc's layouts."""
     from tvm import te, tirx
-
-    from .q4_int8 import te_gelu_tanh
 
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {EPILOGUES}, not {epilogue!r}")
@@ -57,16 +66,17 @@ def gemm_compute(xq, xs, corr, wq, ws, bias, epilogue: str = "bias"):
                       & tirx.const(15, "uint32")) * tirx.Cast("int32", xq[t, g * WORDS + v, p, b]), axis=[v, p, b]),
         name=DOT_BLOCK)
     g = te.reduce_axis((0, groups), name="g")
+    as_f32 = (lambda e: e) if ws.dtype == "float32" else (lambda e: tirx.Cast("float32", e))
     y = te.compute(
         (1, m, n),
-        lambda _, t, j: te.sum(ws[j // LANES, g, j % LANES] * xs[t, g] * tirx.Cast(
+        lambda _, t, j: te.sum(as_f32(ws[j // LANES, g, j % LANES]) * xs[t, g] * tirx.Cast(
             "float32", dot[g, t, j // LANES, j % LANES] + corr[t, g]), axis=[g]),
         name=SCALE_BLOCK)
     out = te.compute((1, m, n), lambda _, t, j: y[0, t, j] + bias[j], name="q4_int8_bias")
     return te_gelu_tanh(out) if epilogue == "bias_gelu" else out
 
 
-def gemm_te(m: int, n: int, k: int, epilogue: str = "bias"):
+def gemm_te(m: int, n: int, k: int, epilogue: str = "bias", scale_dtype: str = "float32"):
     """TE tensors (xq, x_scale, corr, wq, ws, bias, y) of the GEMM (see the module doc)."""
     from tvm import te
 
@@ -76,16 +86,16 @@ def gemm_te(m: int, n: int, k: int, epilogue: str = "bias"):
     xs = te.placeholder((m, groups), "float32", name="x_scale")
     corr = te.placeholder((m, groups), "int32", name="corr")
     wq = te.placeholder((n // LANES, k // 8, LANES), "uint32", name="wq")
-    ws = te.placeholder((n // LANES, groups, LANES), "float32", name="ws")
+    ws = te.placeholder((n // LANES, groups, LANES), scale_dtype, name="ws")
     bias = te.placeholder((n,), "float32", name="bias")
     return xq, xs, corr, wq, ws, bias, gemm_compute(xq, xs, corr, wq, ws, bias, epilogue)
 
 
-def gemm(m: int, n: int, k: int, epilogue: str = "bias"):
+def gemm(m: int, n: int, k: int, epilogue: str = "bias", scale_dtype: str = "float32"):
     """The unscheduled PrimFunc of ``gemm_te``."""
     from tvm import te
 
-    return te.create_prim_func(list(gemm_te(m, n, k, epilogue))).with_attr("tirx.noalias", True)
+    return te.create_prim_func(list(gemm_te(m, n, k, epilogue, scale_dtype))).with_attr("tirx.noalias", True)
 
 
 # ----------------------------------------------------------------------------- quantize
@@ -122,10 +132,10 @@ def quantize_tokens(m: int, k: int):
 
 # ----------------------------------------------------------------------------- NumPy
 def repack(packed, scale):
-    """(wq, ws) of ``gemm`` from the model's (N, K/8) uint32 words and (N, K/32) scales."""
+    """(wq, ws) of ``gemm`` from the model's (N, K/8) uint32 words and (N, K/32) scales (their dtype kept)."""
     n, kw = packed.shape
     wq = np.ascontiguousarray(packed.reshape(n // LANES, LANES, kw).transpose(0, 2, 1))
-    ws = np.ascontiguousarray(scale.astype("float32").reshape(n // LANES, LANES, -1).transpose(0, 2, 1))
+    ws = np.ascontiguousarray(scale.reshape(n // LANES, LANES, -1).transpose(0, 2, 1))
     return wq, ws
 
 

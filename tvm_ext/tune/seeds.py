@@ -1,0 +1,145 @@
+"""Where a kernel's tuning starts, and what a database gives back: the scheduling policy the
+Phi-2 benches and ``tvm-ext generate`` share.
+
+* ``rule_schedule``: our CPU rules' untuned schedule of a kernel (the q4 x int8 GEMM, the
+  dequantize-GEMV, a row normalization, a contraction), the first that matches;
+* ``dlight_schedule``: the first dlight rule that applies (the untouched peer row);
+* ``seed_rules`` / ``seed_database``: either one committed as a tuning record with the seconds the
+  tuning runner measured, so the search starts from it and a tuned record ranks above it only
+  when that same runner measured it faster ("tuned" never loses to "untuned");
+* ``tune_from_rules``: ``seed_rules`` then ``tune_kernels`` through the plugin space;
+* ``best_schedule``: a database's best record of a kernel, applied.
+"""
+from __future__ import annotations
+
+from tvm_ext.tune.database import best_record, records_of
+
+GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+
+def is_gpu(target) -> bool:
+    return target.kind.name in GPU_KINDS
+
+
+# --------------------------------------------------------------------------- what a kernel starts from
+def rule_schedule(mod, target):
+    """(rule name, Schedule) of our first untuned CPU schedule that schedules ``mod``'s ``main``:
+    q4_int8_gemm (int8 projections), dequant_gemv (float projections), row_norm_cpu (LayerNorm),
+    contraction_cpu (attention); None when none does."""
+    from tvm_ext.rules import (contraction_cpu, dequant_gemv, q4_int8_gemm,  # pylint: disable=import-outside-toplevel
+                               row_norm_cpu)
+
+    func = mod["main"]
+    for name, schedule_of in (("q4_int8_gemm", lambda: q4_int8_gemm.schedule_of(func, target=target)),
+                              ("dequant_gemv", lambda: dequant_gemv.schedule_of(func, target=target)),
+                              ("row_norm_cpu", lambda: row_norm_cpu.schedule_of(func)),
+                              ("contraction_cpu", lambda: contraction_cpu.schedule_of(func))):
+        sch = schedule_of()
+        if sch is not None:
+            return name, sch
+    return None
+
+
+def dlight_rules(target):
+    from tvm.s_tir import dlight as dl
+
+    if is_gpu(target):
+        g = dl.gpu
+        return [g.Matmul(), g.GEMV(), g.LowBatchGEMV(), g.Reduction(), g.GeneralReduction(), g.Fallback()]
+    return [dl.cpu.GEMV(), dl.cpu.Reduction()]
+
+
+def dlight_schedule(mod, target, validate=None):
+    """(rule name, Schedule) for the first dlight rule that applies; ("none", None) if none
+    does (on llvm the kernel then compiles unscheduled).  With ``validate`` (a callable that
+    raises when a scheduled module does not build), a rule whose schedule fails is skipped
+    and named in the result, e.g. "Fallback (GEMV failed)"."""
+    func = mod["main"]
+    failed = []
+    with target:
+        for rule in dlight_rules(target):
+            name = type(rule).__name__
+            try:
+                sch = rule.apply(func, target, False)
+            except Exception:  # noqa: BLE001 -- a rule that crashes counts as not applying
+                sch = None
+            if isinstance(sch, (list, tuple)):
+                sch = sch[0] if sch else None
+            if sch is None:
+                continue
+            if validate is not None:
+                try:
+                    validate(sch.mod)
+                except Exception:  # noqa: BLE001
+                    failed.append(name)
+                    continue
+            return (f"{name} ({', '.join(failed)} failed)" if failed else name), sch
+    return ("none" + (f" ({', '.join(failed)} failed)" if failed else "")), None
+
+
+# --------------------------------------------------------------------------- seeding a database
+def seed_rules(mods: dict, target, db_dir: str, log=print) -> int:
+    """Commit, for each kernel of ``mods`` with no record in ``db_dir``, our rules' untuned schedule
+    (``rule_schedule``) with the seconds the tuning runner measures.  Returns how many."""
+    from tvm_ext.tune.kernels import kernel_database
+    from tvm_ext.tune.runner import make_runner, runner_seconds
+    from tvm_ext.tune.transfer import commit_measured
+
+    database, picked = kernel_database(db_dir, log), {}
+    for name, mod in mods.items():
+        found = None if records_of(database, mod) else rule_schedule(mod, target)
+        if found is not None:
+            picked[name] = (mod, found[1])
+    if picked:
+        log(f"measuring our rules' schedules of {len(picked)} kernels with the tuning runner ...")
+        secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, make_runner())
+        for name, (mod, sch) in picked.items():
+            commit_measured(database, mod, sch, secs[name], target)
+    return len(picked)
+
+
+def seed_database(db, mods, dlight, target, dlight_secs):
+    """Commit the dlight schedule of each kernel as a tuning record (empty trace where dlight
+    has no rule, i.e. the unscheduled kernel), with ``dlight_secs[name]`` as its run time
+    (``runner_seconds`` of the runner that then tunes the database)."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    for name, mod in mods.items():
+        if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
+            continue
+        wl = db.commit_workload(mod)
+        sch = dlight[name][1]
+        if sch is None:
+            # no dlight rule: seed the unscheduled kernel.  A record with an empty trace is
+            # written but never returned by JSONDatabase queries, so record a no-op lookup.
+            sch = Schedule(mod)
+            sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
+        db.commit_tuning_record(
+            ms.database.TuningRecord(
+                sch.trace, wl, run_secs=[float(dlight_secs[name])], target=target,
+                args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"]),
+            )
+        )
+
+
+def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print) -> dict:
+    """Tune every kernel of ``mods`` up to ``trials`` records in ``db_dir`` (resumes), each starting
+    from our rules' untuned schedule (``seed_rules``): the tuned schedule never loses to it."""
+    from tvm_ext.targets import resolve_target
+    from tvm_ext.tune.kernels import tune_kernels
+
+    target = resolve_target(target)
+    seeded = seed_rules(mods, target, db_dir, log)
+    log(f"tuning {len(mods)} kernels, {trials} trials each ({seeded} seeded with our rules' schedule), "
+        f"into {db_dir}")
+    return tune_kernels(mods, target, db_dir, trials, log=log)
+
+
+# --------------------------------------------------------------------------- reading one back
+def best_schedule(db, mod):
+    """The best scheduled IRModule in ``db`` for ``mod``, or None."""
+    from tvm_ext.tune.apply import scheduled_mod
+
+    record = best_record(db, mod)
+    return None if record is None else scheduled_mod(record, mod)
