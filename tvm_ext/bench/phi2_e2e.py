@@ -4,7 +4,8 @@ memory-bandwidth bound measured in the same run.
 ``decode_e2e`` builds the model of ``tvm_ext.workloads.phi2_model`` (random q4f32_1
 weights), fills every layer's KV cache with ``context`` random past positions, and times
 a greedy decode of ``tokens`` tokens (one step per token: embed, every layer, head,
-argmax on the host).  Then one more step, at the last position, runs with every VM call
+argmax on the host), once per round, the rows of one run interleaved round by round.
+Then one more step, at the last position, runs with every VM call
 timed: each kernel's share of that step.
 
 bound_tok_s = DRAM bandwidth / bytes a token must stream: all layers' and the head's
@@ -123,21 +124,23 @@ def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=Non
 
 
 def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dlight", threads=None,
-               log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0) -> dict:
+               log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0, rounds=1) -> dict:
     """Run the decode (see the module docstring); returns {layers, tokens, context, tok_s,
     bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, share}],
     schedule, device, threads, ...}."""
     return decode_e2e_rows((schedule,), config, layers, tokens, context, threads, log, target, seed,
-                           bandwidth_mb, database, tune_trials)[0]
+                           bandwidth_mb, database, tune_trials, rounds)[0]
 
 
 def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=512, threads=None,
-                    log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0) -> list:
+                    log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0,
+                    rounds=3) -> list:
     """``decode_e2e`` for each of ``schedules`` in one process: one bandwidth measurement,
     the weights generated and uploaded once per layout, the same past and first token for each.
     The ``INT8_ROWS`` run the int8 model; ``tuned`` reads ``database``, which ``tune_trials`` > 0
     first fills: the int8 decode step's kernels tuned that many trials each through the plugin
-    space, each starting from our rules' schedule (``tune.seeds.tune_from_rules``)."""
+    space, each starting from our rules' schedule (``tune.seeds.tune_from_rules``).  Each row decodes
+    ``tokens`` tokens once per round, the rows interleaved; its tok/s is the median round's."""
     from tvm_ext.workloads import phi2_model as pm
 
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
@@ -184,13 +187,25 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         from tvm_ext.tune.seeds import tune_from_rules
 
         tune_from_rules(model_kernels(int8_model), target, database, tune_trials, log)
+    decs = []
     for how in schedules:
         dec = decoder(int8_model if how in INT8_ROWS else model, target, how, dev=dev, log=log, database=database,
                       share=weights)
         weights = weights or dec
-        rows.append(dict(schedule=how, **_timed_decode(dec, tokens, context, seed, log)))
-        del dec
+        decs.append((how, dec))
+    runs = {how: [] for how in schedules}
+    for rnd in range(rounds):  # rows interleaved round by round: a shared host's bandwidth drifts by the minute
+        for how, dec in decs:
+            log(f"round {rnd + 1}/{rounds}: {how}")
+            runs[how].append(_timed_decode(dec, tokens, context, seed, log))
         samples.append(bandwidth())
+    for how, dec in decs:
+        secs = [r[0] for r in runs[how]]
+        _, ids, logits = runs[how][0]
+        rows.append({"schedule": how, "tok_s": tokens / float(np.median(secs)),
+                     "tok_s_rounds": [tokens / t for t in secs], "kernels": _kernel_shares(dec, ids, tokens, context),
+                     "rules": dec.rules, "generated": ids, "first_logits": logits[0]})
+    del decs
     # the bound takes the fastest copy seen before and after the decodes (a loaded machine
     # only makes a copy slower): the strictest bound
     bw_tvm, bw_np = max(t for t, _ in samples), max(n for _, n in samples)
@@ -228,8 +243,8 @@ def _compare_int8(rows):
 
 
 def _timed_decode(dec, tokens, context, seed, log):
-    """{tok_s, kernels, rules, generated} of a greedy decode of ``tokens`` tokens after
-    ``context`` random past positions, then one instrumented step."""
+    """(seconds, generated ids, logits) of a greedy decode of ``tokens`` tokens after ``context``
+    random past positions (the same past and first token on every call)."""
     dec.fill_past(context, seed=seed)
     first = int(np.random.default_rng(seed).integers(dec.model.cfg["vocab"]))
     t0 = time.perf_counter()
@@ -239,14 +254,16 @@ def _timed_decode(dec, tokens, context, seed, log):
         log(f"token {done}/{tokens}: {done / spent:.2f} tok/s, ETA {spent / done * (tokens - done):.0f} s")
 
     ids, logits = dec.generate([first], tokens, start=context, on_token=progress)
-    seconds = time.perf_counter() - t0
-    times = dec.kernel_times(ids[-2] if tokens > 1 else first, context + tokens - 1)
+    return time.perf_counter() - t0, ids, logits
+
+
+def _kernel_shares(dec, ids, tokens, context):
+    """Each kernel's share of one instrumented step (the last position again), largest first."""
+    times = dec.kernel_times(ids[-2] if tokens > 1 else ids[0], context + tokens - 1)
     total = sum(times.values()) or 1.0
     labels = kernel_labels(dec.model.mod)
-    kernels = sorted(({"name": n, "label": labels.get(n, n), "share": t / total} for n, t in times.items()),
-                     key=lambda k: -k["share"])
-    return {"tok_s": tokens / seconds, "kernels": kernels, "rules": dec.rules, "generated": ids,
-            "first_logits": logits[0]}
+    return sorted(({"name": n, "label": labels.get(n, n), "share": t / total} for n, t in times.items()),
+                  key=lambda k: -k["share"])
 
 
 def kernel_labels(mod) -> dict:

@@ -54,6 +54,10 @@ def add_parser(sub) -> None:
                         "weights) measured in the same run, same threads; ort: ONNX Runtime's MatMulNBits "
                         "(accuracy_level 4) on each "
                         "projection's shape beside our GEMMs")
+    p.add_argument("--rounds", type=count, default=3,
+                   help="timing rounds, the rows interleaved in each (a shared host's bandwidth drifts by the "
+                        "minute); a row's tok/s is its median round's (default 3; with --prompt: prefill "
+                        "repeats per row)")
     p.add_argument("--threads", type=count, default=None,
                    help="TVM worker threads (default: the physical cores; TVM's own default on x86 is half the "
                         "logical CPUs, 1 on a 2-vCPU VM)")
@@ -87,7 +91,7 @@ def run(args) -> int:
     check_out_dir(args.out)
     rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                            context=args.context, threads=args.threads, seed=args.seed,
-                           database=int8_database(args), tune_trials=args.tune,
+                           database=int8_database(args), tune_trials=args.tune, rounds=args.rounds,
                            log=(lambda msg: None) if args.quiet else log)
     text = json.dumps(rows[0] if len(rows) == 1 else rows)
     if args.out:
@@ -110,7 +114,8 @@ def format_table(rows, top: int = 6) -> str:
     table = render([""] + [r["schedule"] for r in rows], [
         ["tokens/s"] + [f"{r['tok_s']:.2f}" for r in rows],
         ["bound tokens/s"] + [f"{r['bound_tok_s']:.2f}" for r in rows],
-        ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows]])
+        ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows],
+        ["rounds' tok/s"] + [" ".join(f"{t:.1f}" for t in r.get("tok_s_rounds", [])) for r in rows]])
     lines = [head, table]
     for r in rows:
         for other, cmp in r.get("vs_float", {}).items():

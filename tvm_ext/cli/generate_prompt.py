@@ -41,7 +41,7 @@ def run_prompt(args) -> int:
     quiet = (lambda msg: None) if args.quiet else log
     out = prompt_rows(schedules, config=args.config, layers=args.layers, prompt=args.prompt, tokens=args.tokens,
                       context=context, threads=args.threads, log=quiet, seed=args.seed, database=database,
-                      tune_trials=args.tune, ort="ort" in peers)
+                      tune_trials=args.tune, ort="ort" in peers, repeat=args.rounds)
     out["database"] = database if "tuned" in schedules else None
     if "llama.cpp" in peers:
         from tvm_ext.bench.llama_cpp import prefill_peer
