@@ -148,3 +148,17 @@ def test_cli_decode_tune_then_tuned(tmp_path, capsys):
     assert gemms and all(tuned[n] == "tuned" and untuned[n] == "q4_int8_gemm" for n in gemms)
     assert set(rows["tuned"]["vs_float"]) == {"rule"} and len(rows["tuned"]["generated"]) == 2
     assert len(open_database(str(db), read_only=True).get_all_tuning_records()) >= len(gemms)
+
+
+@pytest.mark.slow  # ~40 s on 2 cores (a 128-token prompt, its float reference, the vpdpbusd peak)
+@needs_vnni
+def test_bench_phi2_prefill_on_cpu_is_the_int8_prefill(tmp_path, capsys):
+    """bench phi2-prefill on llvm (no --schedules) runs the whole-model int8 prefill of generate --prompt
+    128 and says what it skipped (the float-kernel table, whose dlight GEMMs run unscheduled)."""
+    out = tmp_path / "prefill.json"
+    assert main(["bench", "phi2-prefill", "--config", "reduced", "--rounds", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "prompt tok/s" in text and "note: phi2-prefill on the CPU is the int8 prefill" in text
+    doc = json.loads(out.read_text())
+    assert doc["prompt"] == 128 and [r["schedule"] for r in doc["rows"]][0] == "int8"
+    assert "float-kernel table" in doc["note"] and doc["rows"][0]["vs_float"]["first_token_same"]

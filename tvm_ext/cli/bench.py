@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
                         "is reported) on the same weights, in the same rounds")
     p.add_argument("--schedules", default=None,
                    help="phi2: comma-separated schedules to run (default all: dlight,metaschedule,seeded,rule); "
-                        "dlight always runs")
+                        "dlight always runs. phi2-prefill on llvm without --schedules is the int8 prefill "
+                        "(generate --prompt 128: rows int8 and tuned, --trials tunes, --peers ort,llama.cpp)")
     p.add_argument("--beside", default=None, metavar="WORKLOAD[,WORKLOAD]",
                    help="int8: also time these built-in workloads (same --batch/--image/--seed: the "
                         "same network in another layout, e.g. resnet50-int8-nchwc beside "
@@ -77,6 +78,8 @@ def run(args) -> int:
         check_device(target, "timing", remote_ok=False)
     key = workload_key(args)
     out = args.out or os.path.join(WORK_ROOT, f"bench-{key}-{target.kind.name}.json")
+    if args.workload == "phi2-prefill" and target.kind.name == "llvm" and not (args.schedules or args.build_only):
+        return _prefill_on_cpu(args, out)
     if args.workload.startswith("phi2"):
         if args.beside:
             raise ValueError("--beside is for the int8 networks")
@@ -164,3 +167,30 @@ def format_layers(rows: list) -> str:
         body += [None, ["weighted sum", "", "", f"{tvm_total:.0f}", f"{ort_total:.0f}",
                         f"{tvm_total / ort_total:.2f}"]]
     return render(["conv shape", "epilogue", "x", "tvm us", "ort us", "tvm/ort"], body, "<<>>>>")
+
+
+PREFILL_CPU_NOTE = (
+    "phi2-prefill on the CPU is the int8 prefill (tvm-ext generate --prompt 128): its projections are the q4 x "
+    "int8 GEMM rule's; the float-kernel table (dlight / metaschedule / seeded / rule per kernel, fused vs "
+    "unfused) was skipped: dlight has no CPU matmul rule, so its prefill GEMMs run unscheduled, minutes per "
+    "call at 128 tokens; --schedules dlight,... runs that table anyway")
+
+
+def _prefill_on_cpu(args, out) -> int:
+    """``bench phi2-prefill`` on llvm without --schedules: the whole-model int8 prefill of
+    ``generate --prompt 128`` (rows int8 and, where a database exists or --trials tunes one, tuned),
+    per-GEMM int8 TOPS against the host's vpdpbusd peak, the peers (ort, llama.cpp) in the same run."""
+    import os
+    from argparse import Namespace
+
+    from tvm_ext.cli.common import log
+    from tvm_ext.cli.generate_prompt import int8_database, run_prompt
+
+    log(PREFILL_CPU_NOTE)
+    ns = Namespace(prompt=128, tokens=4, context=0, config=args.config, layers=None, seed=args.seed, threads=None,
+                   peers=args.peers or "", database=args.logs_dir, tune=0 if args.from_logs else (args.trials or 0),
+                   rounds=args.rounds or 3, out=out, json=False, quiet=False, schedule=None)
+    if not ns.tune and not os.path.isdir(int8_database(ns)):
+        ns.schedule = "int8"  # no tuning database here: the untuned rules only
+    return run_prompt(ns, note=PREFILL_CPU_NOTE)
+

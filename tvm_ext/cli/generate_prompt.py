@@ -15,7 +15,8 @@ def int8_database(args) -> str:
     return INT8_DATABASE if args.tune or not os.path.isdir(SAVED_INT8_DATABASE) else SAVED_INT8_DATABASE
 
 
-def run_prompt(args) -> int:
+def run_prompt(args, note: str | None = None) -> int:
+    """``generate --prompt N`` (also ``bench phi2-prefill`` on the CPU, which passes its ``note``)."""
     import json
 
     from tvm_ext.bench.phi2_prompt import SCHEDULES, prompt_rows
@@ -43,6 +44,8 @@ def run_prompt(args) -> int:
                       context=context, threads=args.threads, log=quiet, seed=args.seed, database=database,
                       tune_trials=args.tune, ort="ort" in peers, repeat=args.rounds)
     out["database"] = database if "tuned" in schedules else None
+    if note:
+        out["note"] = note
     if "llama.cpp" in peers:
         from tvm_ext.bench.llama_cpp import prefill_peer
 
@@ -93,6 +96,8 @@ def format_prompt_table(d, top: int = 6) -> str:
         lines += ["", f"{r['schedule']}: kernels by share of one prefill",
                   render(["kernel", "schedule", "%"], [[n, r["rules"].get(n, ""), f"{100 * t / total:.1f}"]
                                                        for n, t in top_k], "<<>")]
+    if d.get("note"):
+        lines.append(f"note: {d['note']}")
     return "\n".join(lines)
 
 
