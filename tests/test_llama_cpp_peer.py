@@ -2,6 +2,7 @@
 expects, llama-bench's JSON and the one-line errors. The default run builds nothing; the slow test builds (or
 reuses) llama-bench and runs it on the reduced model. No test asserts a timing."""
 import stat
+import json
 import subprocess
 import sys
 
@@ -204,6 +205,19 @@ def test_bench_command_flash_attn_only_where_supported(tmp_path):
     assert lc.bench_command(old, model, (128, 512), 2, 3)[1:] == \
         ["-m", str(model), "-p", "128,512", "-n", "0", "-t", "2", "-r", "3", "-o", "json"]
     assert lc.bench_command(new, model, (128,), 4, 1)[-2:] == ["-fa", "0"]
+
+
+def test_decode_command_and_rows(tmp_path):
+    """Token generation after a cached context: -p 0 -n TOKENS -d CONTEXT, and only the tg rows read."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    bench = _script(tmp_path / "bench", "echo usage")
+    assert lc.bench_command(bench, model, (), 2, 3, decode=(16, 512))[1:] == \
+        ["-m", str(model), "-p", "0", "-n", "16", "-d", "512", "-t", "2", "-r", "3", "-o", "json"]
+    tg = dict(json.loads(SAMPLE)[0], n_prompt=0, n_gen=16, n_depth=512, avg_ts=21.5)
+    rows = lc.parse_bench_json(json.dumps(json.loads(SAMPLE) + [tg]), decode=True)
+    assert [(r["n_gen"], r["n_depth"], r["tok_s"]) for r in rows] == [(16, 512, 21.5)]
+    assert len(lc.parse_bench_json(json.dumps(json.loads(SAMPLE) + [tg]))) == 2  # the pp rows only
 
 
 def test_model_missing_is_one_line(tmp_path):

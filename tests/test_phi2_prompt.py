@@ -96,7 +96,7 @@ def test_cli_generate_prompt_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--prompt", "7"], "--prompt must be even"),
-    (["--peers", "ort"], "--peers goes with --prompt N"),
+    (["--peers", "ort"], "without --prompt, --peers takes llama.cpp"),
     (["--tune", "4", "--schedule", "rule"], "--tune fills the database of --schedule tuned"),
     (["--prompt", "8", "--schedule", "dlight"], "with --prompt, --schedule takes int8, tuned"),
     (["--prompt", "8", "--peers", "torch"], "unknown peer 'torch'"),

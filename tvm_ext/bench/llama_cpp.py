@@ -261,20 +261,23 @@ def write_phi2_gguf(path, layers=32, seed=0, config="full", cache_dir=None):
     return path
 
 
-def parse_bench_json(text: str) -> list:
-    """Prompt-processing rows of `llama-bench -o json` output."""
+def parse_bench_json(text: str, decode: bool = False) -> list:
+    """Prompt-processing rows (``decode``: token-generation rows) of `llama-bench -o json` output."""
     try:
         tests = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"llama-bench output is not JSON ({e}): {_last_line(text)[:200]}") from None
     return [{"n_prompt": t["n_prompt"], "tok_s": t["avg_ts"], "tok_s_std": t["stddev_ts"],
              "tok_s_samples": t.get("samples_ts"), "threads": t["n_threads"], "build_commit": t["build_commit"],
-             "cpu_info": t["cpu_info"], "flash_attn": t.get("flash_attn")}
-            for t in tests if t.get("n_gen", 0) == 0 and t.get("n_prompt", 0) > 0]
+             "cpu_info": t["cpu_info"], "flash_attn": t.get("flash_attn"), "n_gen": t.get("n_gen", 0),
+             "n_depth": t.get("n_depth", 0)}
+            for t in tests if (t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0 if decode
+                               else t.get("n_gen", 0) == 0 and t.get("n_prompt", 0) > 0)]
 
 
-def bench_command(bench, gguf, prompts=(128, 512), threads=2, repetitions=3) -> list:
-    """The llama-bench command line; flash attention off where the build has -fa (its default is auto)."""
+def bench_command(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, decode=None) -> list:
+    """The llama-bench command line; flash attention off where the build has -fa (its default is auto).
+    ``decode`` = (tokens, context): token generation after that many cached positions instead."""
     bench = Path(bench)
     if not bench.is_file():
         raise ValueError(f"llama-bench not found at {bench}: run find_or_build(cache_dir) to build it")
@@ -286,21 +289,24 @@ def bench_command(bench, gguf, prompts=(128, 512), threads=2, repetitions=3) -> 
         helptext = subprocess.run([str(bench), "--help"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ValueError(f"llama-bench at {bench} does not run: {e}") from None
-    cmd = [str(bench), "-m", str(gguf), "-p", ",".join(map(str, prompts)), "-n", "0", "-t", str(threads),
-           "-r", str(repetitions), "-o", "json"]
+    work = (["-p", "0", "-n", str(decode[0]), "-d", str(decode[1])] if decode
+            else ["-p", ",".join(map(str, prompts)), "-n", "0"])
+    cmd = [str(bench), "-m", str(gguf), *work, "-t", str(threads), "-r", str(repetitions), "-o", "json"]
     if re.search(r"-fa\b|--flash-attn", helptext.stdout + helptext.stderr):
         cmd += ["-fa", "0"]
     return cmd
 
 
-def run_llama_bench(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, log=print) -> list:
-    """Prompt-processing tokens/s of llama-bench on gguf, one row per prompt length."""
-    cmd = bench_command(bench, gguf, prompts, threads, repetitions)
+def run_llama_bench(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, log=print, decode=None) -> list:
+    """Prompt-processing tokens/s of llama-bench on gguf, one row per prompt length (``decode``:
+    token-generation tokens/s, see ``bench_command``)."""
+    cmd = bench_command(bench, gguf, prompts, threads, repetitions, decode)
     log("llama.cpp: " + " ".join(cmd))
     out = _run(cmd, "llama-bench").stdout
-    rows = parse_bench_json(out)
+    rows = parse_bench_json(out, decode=bool(decode))
     if not rows:
-        raise ValueError(f"llama-bench printed no prompt-processing rows: {_last_line(out)[:200]}")
+        raise ValueError(f"llama-bench printed no {'token-generation' if decode else 'prompt-processing'} rows: "
+                         f"{_last_line(out)[:200]}")
     return rows
 
 
@@ -320,8 +326,9 @@ def host_cpu() -> dict:
 
 
 def prefill_peer(cache_dir=None, prompts=(128, 512), threads=2, log=print, config="full", seed=0, layers=32,
-                 repetitions=3) -> dict:
-    """llama.cpp's Phi-2 Q4_0 prefill tokens/s on this host: builds (or reuses) llama-bench and the GGUF."""
+                 repetitions=3, decode=None) -> dict:
+    """llama.cpp's Phi-2 Q4_0 prefill tokens/s on this host (``decode`` = (tokens, context): its decode
+    tokens/s after that many cached positions instead): builds (or reuses) llama-bench and the GGUF."""
     cache_dir = Path(cache_dir or default_cache_dir())
     paths = find_or_build(cache_dir, log=log)
     model = cache_dir / f"phi2-{config}-L{layers}-seed{seed}-q4_0.gguf"
@@ -334,7 +341,7 @@ def prefill_peer(cache_dir=None, prompts=(128, 512), threads=2, log=print, confi
         log(f"llama.cpp: wrote {model} ({model.stat().st_size / 2**20:.0f} MiB) in {write_s:.1f} s")
     host = host_cpu()
     log(f"llama.cpp: host CPU {host['model']}: {host['flags']}")
-    rows = run_llama_bench(paths["bench"], model, prompts, threads, repetitions, log=log)
+    rows = run_llama_bench(paths["bench"], model, prompts, threads, repetitions, log=log, decode=decode)
     return {"peer": "llama.cpp", "commit": paths["commit"], "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
             "host_cpu": host, "gguf": str(model), "gguf_write_s": write_s,
-            "command": bench_command(paths["bench"], model, prompts, threads, repetitions), "rows": rows}
+            "command": bench_command(paths["bench"], model, prompts, threads, repetitions, decode), "rows": rows}

@@ -48,12 +48,13 @@ def add_parser(sub) -> None:
                         "schedule: the decode step's kernels, with --prompt the prompt's (32 trials: ~4 "
                         "minutes for a prompt size on 2 cores); then --schedule tuned reads them")
     p.add_argument("--peers", default="", metavar="LIST",
-                   help="with --prompt, comma-separated: llama.cpp (its llama-bench built from the "
-                        "llama-cpp-python sdist on first use, ~6 minutes on 2 cores, cached in "
-                        "~/.cache/tvm_ext/llama_cpp or $TVM_EXT_LLAMA_CPP_CACHE; a Phi-2-shaped Q4_0 GGUF with random "
-                        "weights) measured in the same run, same threads; ort: ONNX Runtime's MatMulNBits "
-                        "(accuracy_level 4) on each "
-                        "projection's shape beside our GEMMs")
+                   help="comma-separated peers measured in the same run, same threads, after our rows. "
+                        "Without --prompt: llama.cpp (llama-bench's decode of TOKENS after CONTEXT cached "
+                        "positions). With --prompt: llama.cpp (its prompt processing) and ort (ONNX Runtime's "
+                        "MatMulNBits, accuracy_level 4, on each projection's shape beside our GEMMs). "
+                        "llama-bench is built from the llama-cpp-python sdist on first use (~6 minutes on 2 "
+                        "cores, cached in ~/.cache/tvm_ext/llama_cpp or $TVM_EXT_LLAMA_CPP_CACHE) and runs a "
+                        "Phi-2-shaped Q4_0 GGUF with random weights")
     p.add_argument("--rounds", type=count, default=3,
                    help="timing rounds, the rows interleaved in each (a shared host's bandwidth drifts by the "
                         "minute); a row's tok/s is its median round's (default 3; with --prompt: prefill "
@@ -74,11 +75,13 @@ def run(args) -> int:
 
     from tvm_ext.bench.phi2_e2e import decode_e2e_rows
     from tvm_ext.cli.common import check_out_dir, log
-
     from tvm_ext.cli.generate_prompt import int8_database, run_prompt
 
-    if args.prompt or args.peers:
+    if args.prompt:
         return run_prompt(args)
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if any(p != "llama.cpp" for p in peers):
+        raise ValueError(f"without --prompt, --peers takes llama.cpp (its decode), not {args.peers!r}")
     schedules = tuple(x.strip() for x in (args.schedule or ("tuned" if args.tune else "dlight")).split(",")
                       if x.strip())
     if not schedules:
@@ -93,6 +96,13 @@ def run(args) -> int:
                            context=args.context, threads=args.threads, seed=args.seed,
                            database=int8_database(args), tune_trials=args.tune, rounds=args.rounds,
                            log=(lambda msg: None) if args.quiet else log)
+    if peers:  # after our rows, same threads: llama-bench's token generation after the same context
+        from tvm_ext.bench.llama_cpp import prefill_peer
+
+        peer = prefill_peer(prompts=(), threads=rows[0]["threads"], decode=(args.tokens, args.context),
+                            log=(lambda msg: None) if args.quiet else log)
+        for r in rows:
+            r["peers"] = [peer]
     text = json.dumps(rows[0] if len(rows) == 1 else rows)
     if args.out:
         tmp = args.out + ".tmp"
@@ -117,6 +127,12 @@ def format_table(rows, top: int = 6) -> str:
         ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows],
         ["rounds' tok/s"] + [" ".join(f"{t:.1f}" for t in r.get("tok_s_rounds", [])) for r in rows]])
     lines = [head, table]
+    for peer in d.get("peers", []):
+        for p in peer["rows"]:
+            best = max(rows, key=lambda r: r["tok_s"])
+            lines.append(f"{peer['peer']} (Q4_0, commit {peer['commit']}, same run): {p['tok_s']:.2f} tok/s after "
+                         f"{p['n_depth']} positions; best tvm_ext row ({best['schedule']}) "
+                         f"{best['tok_s'] / p['tok_s']:.2f}x its rate")
     for r in rows:
         for other, cmp in r.get("vs_float", {}).items():
             lines.append(f"{r['schedule']} vs {other}: {100 * cmp['same_tokens']:.0f}% same tokens, first-step "

@@ -23,8 +23,6 @@ def run_prompt(args, note: str | None = None) -> int:
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.jsonio import write_json
 
-    if not args.prompt:
-        raise ValueError("--peers goes with --prompt N (prompt processing)")
     if args.prompt % 2:
         raise ValueError(f"--prompt must be even (the GEMM's token tiles are 2, 4 or 8 tokens), not {args.prompt}")
     schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())

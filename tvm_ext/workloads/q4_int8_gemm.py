@@ -106,13 +106,15 @@ def quantize_tokens(m: int, k: int):
 
     check_shape(m, 2 * LANES, k)
     groups = k // GROUP
+    # one token is a few microseconds of work: waking the thread pool costs more (decode: 7 -> ? us a call)
+    loop = T.parallel if m > 1 else T.serial
 
     @T.prim_func(private=True, s_tir=True)
     def quantize(x: T.Buffer((1, m, k), "float32"), xq: T.Buffer((m, k // 8, 2, 4), "int8"),
                  x_scale: T.Buffer((m, groups), "float32"), corr: T.Buffer((m, groups), "int32")):
         T.func_attr({"op_pattern": 8, "tirx.noalias": True, "tir.is_scheduled": True})
         with T.sblock("root"):
-            for tg in T.parallel(m * groups):
+            for tg in loop(m * groups):
                 amax = T.decl_buffer((1,), "float32")
                 s = T.decl_buffer((1,), "int32")
                 amax[0] = T.float32(0)
