@@ -64,7 +64,8 @@ def vnni_peak(threads: int, chains: int = 24, steps: int = 200_000) -> float:
 
 
 def _gemm_shapes(model) -> dict:
-    """{kernel name: (M, N, K)} of the prefill's GEMMs."""
+    """{kernel name: (M, N, K)} of the prefill's GEMMs (the prompt's tokens at once; the head's
+    one-token lm_head is a GEMV)."""
     from tvm_ext.tir_utils import blocks_of
     from tvm_ext.workloads.q4_int8_gemm import DOT_BLOCK
 
@@ -73,7 +74,8 @@ def _gemm_shapes(model) -> dict:
         blocks = [b for b in blocks_of(mod["main"]) if b.name_hint == DOT_BLOCK]
         if blocks:
             ext = [int(iv.dom.extent) for iv in blocks[0].iter_vars]  # g, t, nb, 16, 4, 2, 4
-            out[name] = (ext[1], ext[2] * 16, ext[0] * 32)
+            if ext[1] > 1:
+                out[name] = (ext[1], ext[2] * 16, ext[0] * 32)
     return out
 
 
@@ -121,11 +123,11 @@ def _timed_prompt(dec, prompt, context, tokens, repeat, log):
         times.append(time.perf_counter() - t0)
         log(f"prefill {i + 1}/{repeat}: {len(prompt) / times[-1]:.1f} tok/s")
     kernel_s = dec.timed_kernels(lambda call: dec.prefill(prompt, context, call=call))
-    t0 = time.perf_counter()
-    ids, _ = dec.generate(prompt, tokens, start=context)
-    gen_s = time.perf_counter() - t0 - min(times)  # the generate repeats the prefill first
+    stamps = []  # when each token was out: the first comes from the prefill, the others from decode steps
+    ids, _ = dec.generate(prompt, tokens, start=context, on_token=lambda n: stamps.append(time.perf_counter()))
+    decode_s = stamps[-1] - stamps[0]
     return {"ttft_s": ttft, "prefill_s": min(times), "prefill_s_all": times, "tok_s": len(prompt) / min(times),
-            "decode_tok_s": max(tokens - 1, 1) / max(gen_s, 1e-9), "generated": ids, "first_id": first_id,
+            "decode_tok_s": (tokens - 1) / decode_s if tokens > 1 else None, "generated": ids, "first_id": first_id,
             "first_logits": first, "kernel_s": kernel_s}
 
 
