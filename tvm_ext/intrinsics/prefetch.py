@@ -1,4 +1,4 @@
-"""Software prefetch of a weight stream, shared by the hand-written GEMV kernels.
+"""Software prefetch of a weight stream, shared by the q4 GEMV intrinsics (``q4_gemv``, ``q4_vnni``).
 
 A decode GEMV reads each weight byte once, from DRAM, and the hardware prefetchers alone
 leave it far from the bandwidth (they stop at 4 KiB pages and ramp up again after each).
@@ -15,8 +15,8 @@ LINE = 64  # bytes per cache line
 
 
 def prefetch(flat, index):
-    """``llvm.prefetch`` (read, high locality, data) of ``flat[index]``: ``flat`` a byte view
-    of the stream, ``index`` clamped by the caller to lie inside it."""
+    """``llvm.prefetch`` (read, high locality, data) of ``flat[index]`` (``index`` an int or a tuple of
+    indices): on x86 a prefetch never faults, the caller clamps ``index`` where it must stay inside."""
     return T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(flat[index]), 0, 3, 1)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from tvm_ext.intrinsics import register_once
+from tvm_ext.intrinsics.prefetch import prefetch
 from tvm_ext.intrinsics.vnni import MADDUBS, MADDWD, vpdpbusd
 
 WORDS = 4  # packed words of a group of 32 inputs
@@ -137,7 +138,7 @@ def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
     def ask(w, n, v):  # the line ``ahead`` bytes further in column block n's stream, or nothing
         if not words_ahead:
             return T.int32(0)
-        return T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(w[n, v + words_ahead, 0]), 0, 3, 1)
+        return prefetch(w, (n, v + words_ahead, 0))
 
     @T.prim_func(s_tir=True)
     def impl(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
