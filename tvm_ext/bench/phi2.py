@@ -27,9 +27,10 @@ schedules   which of SCHEDULES (+ "rule" where rules/dequant_gemv.py exists) to 
             always runs (every other schedule is checked against it).
 
 Tuning goes through ``tvm_ext.tune`` (``tune_kernels``: the stack's builder, cache-flushing
-runner, search strategy and databases); the seeded database's dlight records are measured
-by that same runner first (``phi2_kernels.runner_seconds``), so a record ranks above the
-seed only when the runner measured it faster.  Schedules, builds and checks are in
+runner, search strategy and databases, ``tvm_ext.space``); the seeded database starts from our
+rules' untuned schedule where one applies (the "rule" row's; CPU) and dlight's elsewhere, each
+measured by that same runner first (``phi2_kernels.runner_seconds``), so a record ranks above the
+seed only when the runner measured it faster: seeded is the rule row tuned.  Schedules, builds and checks are in
 ``phi2_kernels``; timing (DRAM-honest: weights cycled through copies exceeding the LLC)
 in ``phi2_measure``; the table is printed by the CLI (``tvm_ext.cli.phi2_table``).
 
@@ -93,9 +94,11 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         mods.setdefault(k.name, normalize(k.func))
     dl = {name: dlight_schedule(m, target, build_validator(target)) for name, m in mods.items()}
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
+    ours = {n: rule_schedule(m, target) for n, m in mods.items()} if not is_gpu(target) else {n: None for n in mods}
+    # our rules' schedule where one applies (CPU), dlight's elsewhere: the "rule" row and the seeds
+    start = {n: scheduled["dlight"][n] if ours[n] is None else ours[n][1].mod for n in mods}
     if "rule" in schedules:
-        ours = {n: rule_schedule(m, target) for n, m in mods.items()}
-        scheduled["rule"] = {n: scheduled["dlight"][n] if ours[n] is None else ours[n][1].mod for n in mods}
+        scheduled["rule"] = dict(start)
     dl_secs, dbs = {}, {}
     tuning = not build_only and not from_logs
     tuned = [s for s in ("metaschedule", "seeded") if s in schedules]
@@ -106,10 +109,10 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
     for sched in tuned:
         path = log_dir(tuning_dir, kind, target, ks.fusion, sched)
         if not tuning and not packed.exists(os.path.join(path, DB_FILES[1])):
-            # no database: the dlight seed, and for metaschedule a design-space sample when
+            # no database: the seed, and for metaschedule a design-space sample when
             # only building (the kernel as it is when benching from logs)
             if sched == "seeded":
-                scheduled[sched] = dict(scheduled["dlight"])
+                scheduled[sched] = dict(start)
             elif build_only:
                 scheduled[sched] = {n: (sampled_schedule(m, target) or m) for n, m in mods.items()}
             else:
@@ -119,8 +122,11 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         dbs[sched] = path
         if tuning:
             db = kernel_database(path, log)
-            if sched == "seeded":
-                seed_database(db, mods, dl, target, dl_secs)
+            if sched == "seeded":  # from our rules' schedule where one applies (CPU), else dlight's
+                seeds = {n: dl[n] if ours[n] is None else ours[n] for n in mods}
+                secs = dict(dl_secs, **runner_seconds({n: seeds[n][1].mod for n in mods if ours[n] is not None},
+                                                      target, runner, builder))
+                seed_database(db, mods, seeds, target, secs)
             if trials:
                 log(f"  tuning {len(mods)} kernels x {trials} trials -> {path}")
                 tune_kernels(mods, target, path, trials + (1 if sched == "seeded" else 0),
@@ -129,8 +135,8 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         scheduled[sched] = {}
         for name, m in mods.items():
             best = best_schedule(db, m)
-            if best is None:  # no record: fall back to dlight (seeded) or the plain kernel
-                best = scheduled["dlight"][name] if sched == "seeded" else m
+            if best is None:  # no record: fall back to the seed (seeded) or the plain kernel
+                best = start[name] if sched == "seeded" else m
             scheduled[sched][name] = best
     if dbs and not dl_secs and not build_only:  # from logs: dlight in the records' units, for trials-to-beat
         runner = runner if runner is not None else make_runner(flush_cache=not is_gpu(target))
