@@ -40,7 +40,9 @@ from tvm.s_tir.schedule import ScheduleError
 from tvm_ext.tir_utils import collect, is_param, root_child_blocks, schedule_each
 
 LANES = 8  # float32 lanes of one AVX2 register
-CHUNK = 64  # outputs per parallel chunk in the axpy form
+CHUNKS = (256, 128, 64)  # outputs per parallel chunk in the axpy form, the largest that divides the axis:
+# Phi-2 decode attn_value (2560 outputs, values cycled from DRAM, 2-core Zen 4) 0.094 ms in chunks of 64,
+# 0.077 in chunks of 256 (each task walks 1 KiB of each value row instead of 256 bytes)
 
 
 def _uses(expr, var) -> bool:
@@ -65,7 +67,7 @@ def _form(func) -> Optional[str]:
         return None
     reduce_var = block.iter_vars[-1].var
     if _axpy_load(block) is not None:
-        return "axpy" if int(block.iter_vars[-2].dom.extent) % CHUNK == 0 else None
+        return "axpy" if int(block.iter_vars[-2].dom.extent) % CHUNKS[-1] == 0 else None
     load = _big_load(block)
     if load is None:
         return None
@@ -191,7 +193,8 @@ def _axpy(sch, block, spatial, red) -> None:
         _axpy_rows(sch, block, spatial, red, length)
         return
     *rows, last = spatial
-    chunk, inner = sch.split(last, [None, CHUNK])
+    extent = int(sch.get(last).extent)
+    chunk, inner = sch.split(last, [None, next(c for c in CHUNKS if extent % c == 0)])
     outer = sch.fuse(*rows, chunk) if rows else chunk
     sch.parallel(outer)
     sch.reorder(red, inner)
