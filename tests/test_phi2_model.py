@@ -97,6 +97,20 @@ def test_decode_e2e_dict():
     assert {"qkv", "fc2", "embed"} <= {k["label"] for k in doc["kernels"]}
 
 
+def test_rounds_interleave_the_rows_and_a_peer():
+    """Each round times every row, then the peer; a row's share of the bound is in each round's own
+    bound, its ratio to the peer the median of the rounds' ratios."""
+    calls = []
+    rows = phi2_e2e.decode_e2e_rows(("none", "rule"), "reduced", layers=1, tokens=2, context=4, rounds=3,
+                                    log=lambda m: None, bandwidth_mb=64, peer=lambda: calls.append(1) or 50.0)
+    assert len(calls) == 3 and rows[0]["peer_tok_s_rounds"] == [50.0] * 3
+    for r in rows:
+        assert len(r["tok_s_rounds"]) == 3 == len(r["bound_tok_s_rounds"])
+        assert r["of_bound"] == pytest.approx(float(np.median(
+            [t / b for t, b in zip(r["tok_s_rounds"], r["bound_tok_s_rounds"])])))
+        assert r["vs_peer"] == pytest.approx(float(np.median(r["tok_s_rounds"])) / 50.0)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--layers", "0"], "--layers: must be at least 1"),
     (["--tokens", "0"], "--tokens: must be at least 1"),

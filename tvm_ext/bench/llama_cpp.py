@@ -325,10 +325,9 @@ def host_cpu() -> dict:
     return info
 
 
-def prefill_peer(cache_dir=None, prompts=(128, 512), threads=2, log=print, config="full", seed=0, layers=32,
-                 repetitions=3, decode=None) -> dict:
-    """llama.cpp's Phi-2 Q4_0 prefill tokens/s on this host (``decode`` = (tokens, context): its decode
-    tokens/s after that many cached positions instead): builds (or reuses) llama-bench and the GGUF."""
+def prepare_peer(cache_dir=None, log=print, config="full", seed=0, layers=32) -> dict:
+    """llama-bench (built or reused) and the Phi-2 Q4_0 GGUF (written or reused) on this host:
+    {"bench", "commit", "gguf", "gguf_write_s", "host_cpu"}."""
     cache_dir = Path(cache_dir or default_cache_dir())
     paths = find_or_build(cache_dir, log=log)
     model = cache_dir / f"phi2-{config}-L{layers}-seed{seed}-q4_0.gguf"
@@ -341,7 +340,22 @@ def prefill_peer(cache_dir=None, prompts=(128, 512), threads=2, log=print, confi
         log(f"llama.cpp: wrote {model} ({model.stat().st_size / 2**20:.0f} MiB) in {write_s:.1f} s")
     host = host_cpu()
     log(f"llama.cpp: host CPU {host['model']}: {host['flags']}")
-    rows = run_llama_bench(paths["bench"], model, prompts, threads, repetitions, log=log, decode=decode)
-    return {"peer": "llama.cpp", "commit": paths["commit"], "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
-            "host_cpu": host, "gguf": str(model), "gguf_write_s": write_s,
-            "command": bench_command(paths["bench"], model, prompts, threads, repetitions, decode), "rows": rows}
+    return {"bench": paths["bench"], "commit": paths["commit"], "gguf": model, "gguf_write_s": write_s,
+            "host_cpu": host}
+
+
+def peer_record(prepared: dict, command: list, rows: list) -> dict:
+    """The JSON record of a llama.cpp measurement."""
+    return {"peer": "llama.cpp", "commit": prepared["commit"], "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
+            "host_cpu": prepared["host_cpu"], "gguf": str(prepared["gguf"]),
+            "gguf_write_s": prepared["gguf_write_s"], "command": command, "rows": rows}
+
+
+def prefill_peer(cache_dir=None, prompts=(128, 512), threads=2, log=print, config="full", seed=0, layers=32,
+                 repetitions=3, decode=None) -> dict:
+    """llama.cpp's Phi-2 Q4_0 prefill tokens/s on this host (``decode`` = (tokens, context): its decode
+    tokens/s after that many cached positions instead): builds (or reuses) llama-bench and the GGUF."""
+    prepared = prepare_peer(cache_dir, log, config, seed, layers)
+    rows = run_llama_bench(prepared["bench"], prepared["gguf"], prompts, threads, repetitions, log=log, decode=decode)
+    return peer_record(prepared, bench_command(prepared["bench"], prepared["gguf"], prompts, threads, repetitions,
+                                               decode), rows)

@@ -124,23 +124,27 @@ def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=Non
 
 
 def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dlight", threads=None,
-               log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0, rounds=1) -> dict:
+               log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0, rounds=1,
+               peer=None) -> dict:
     """Run the decode (see the module docstring); returns {layers, tokens, context, tok_s,
     bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, share}],
     schedule, device, threads, ...}."""
     return decode_e2e_rows((schedule,), config, layers, tokens, context, threads, log, target, seed,
-                           bandwidth_mb, database, tune_trials, rounds)[0]
+                           bandwidth_mb, database, tune_trials, rounds, peer)[0]
 
 
 def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=512, threads=None,
                     log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0,
-                    rounds=3) -> list:
+                    rounds=3, peer=None) -> list:
     """``decode_e2e`` for each of ``schedules`` in one process: one bandwidth measurement,
     the weights generated and uploaded once per layout, the same past and first token for each.
     The ``INT8_ROWS`` run the int8 model; ``tuned`` reads ``database``, which ``tune_trials`` > 0
     first fills: the int8 decode step's kernels tuned that many trials each through the plugin
     space, each starting from our rules' schedule (``tune.seeds.tune_from_rules``).  Each row decodes
-    ``tokens`` tokens once per round, the rows interleaved; its tok/s is the median round's."""
+    ``tokens`` tokens once per round, the rows interleaved; its tok/s is the median round's, its
+    ``of_bound`` the median of its rounds' tok/s over that round's bound (the copy bandwidth measured
+    just before and after it).  ``peer``: a callable timed once per round after the rows, returning
+    its tok/s (llama.cpp's decode); each row's ``vs_peer`` is the median of the rounds' ratios."""
     from tvm_ext.workloads import phi2_model as pm
 
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
@@ -194,29 +198,44 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         weights = weights or dec
         decs.append((how, dec))
     runs = {how: [] for how in schedules}
+    per_round, peer_s = [], []  # (bandwidth before, after) of each round; the peer's tok/s in it
     for rnd in range(rounds):  # rows interleaved round by round: a shared host's bandwidth drifts by the minute
+        before = bandwidth()
         for how, dec in decs:
             log(f"round {rnd + 1}/{rounds}: {how}")
             runs[how].append(_timed_decode(dec, tokens, context, seed, log))
-        samples.append(bandwidth())
+        if peer is not None:
+            peer_s.append(peer())
+        per_round.append((before, bandwidth()))
+        samples += per_round[-1]
+    # each round's bound: the fastest copy just before and after it (a loaded machine only makes a copy
+    # slower); a row's share of the bound is its median round's, in that round's bound
+    round_bound = [max(max(b), max(a)) * 1e9 / (weight_bytes + kv_bytes) for b, a in per_round]
     for how, dec in decs:
         secs = [r[0] for r in runs[how]]
         _, ids, logits = runs[how][0]
-        rows.append({"schedule": how, "tok_s": tokens / float(np.median(secs)),
-                     "tok_s_rounds": [tokens / t for t in secs], "kernels": _kernel_shares(dec, ids, tokens, context),
-                     "rules": dec.rules, "generated": ids, "first_logits": logits[0]})
+        tok_s = [tokens / t for t in secs]
+        row = {"schedule": how, "tok_s": tokens / float(np.median(secs)), "tok_s_rounds": tok_s,
+               "of_bound": float(np.median([t / b for t, b in zip(tok_s, round_bound)])),
+               "kernels": _kernel_shares(dec, ids, tokens, context), "rules": dec.rules, "generated": ids,
+               "first_logits": logits[0]}
+        if peer_s:
+            row["vs_peer"] = float(np.median([t / p for t, p in zip(tok_s, peer_s)]))
+        rows.append(row)
     del decs
     # the bound takes the fastest copy seen before and after the decodes (a loaded machine
     # only makes a copy slower): the strictest bound
     bw_tvm, bw_np = max(t for t, _ in samples), max(n for _, n in samples)
     common = {
         "config": config, "layers": layers, "tokens": tokens, "context": context,
-        "bound_tok_s": max(bw_tvm, bw_np) * 1e9 / (weight_bytes + kv_bytes),
+        "bound_tok_s": max(bw_tvm, bw_np) * 1e9 / (weight_bytes + kv_bytes), "bound_tok_s_rounds": round_bound,
         "weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "bandwidth_gbs": max(bw_tvm, bw_np),
         "bandwidth_tvm_gbs": bw_tvm, "bandwidth_numpy_gbs": bw_np,
         "threads": threads,
         "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
     }
+    if peer_s:
+        common["peer_tok_s_rounds"] = peer_s
     rows = [dict(common, **r) for r in rows]
     _compare_int8(rows)
     for r in rows:

@@ -92,17 +92,30 @@ def run(args) -> int:
     if args.context < 0:
         raise ValueError(f"--context must be at least 0, not {args.context}")
     check_out_dir(args.out)
+    quiet = (lambda msg: None) if args.quiet else log
+    peer, record = None, None
+    if peers:  # llama-bench's decode after the same context, same threads, once per round after our rows
+        from tvm_ext.bench import llama_cpp as lc
+        from tvm_ext.targets import physical_cores
+
+        prepared = lc.prepare_peer(log=quiet)
+        threads = args.threads or physical_cores()
+        peer_rows = []
+
+        def peer():
+            peer_rows.extend(lc.run_llama_bench(prepared["bench"], prepared["gguf"], (), threads, 1, log=quiet,
+                                                decode=(args.tokens, args.context)))
+            return peer_rows[-1]["tok_s"]
+
+        record = lambda: lc.peer_record(prepared, lc.bench_command(  # noqa: E731
+            prepared["bench"], prepared["gguf"], (), threads, 1, (args.tokens, args.context)), peer_rows)
     rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                            context=args.context, threads=args.threads, seed=args.seed,
-                           database=int8_database(args), tune_trials=args.tune, rounds=args.rounds,
-                           log=(lambda msg: None) if args.quiet else log)
-    if peers:  # after our rows, same threads: llama-bench's token generation after the same context
-        from tvm_ext.bench.llama_cpp import prefill_peer
-
-        peer = prefill_peer(prompts=(), threads=rows[0]["threads"], decode=(args.tokens, args.context),
-                            log=(lambda msg: None) if args.quiet else log)
+                           database=int8_database(args), tune_trials=args.tune, rounds=args.rounds, peer=peer,
+                           log=quiet)
+    if record is not None:
         for r in rows:
-            r["peers"] = [peer]
+            r["peers"] = [record()]
     text = json.dumps(rows[0] if len(rows) == 1 else rows)
     if args.out:
         tmp = args.out + ".tmp"
@@ -115,6 +128,8 @@ def run(args) -> int:
 
 def format_table(rows, top: int = 6) -> str:
     """One column per schedule: tokens/s, the bound, % of it; then each one's top kernels."""
+    import numpy as np
+
     from tvm_ext.cli.table import render
 
     d = rows[0]
@@ -125,14 +140,15 @@ def format_table(rows, top: int = 6) -> str:
         ["tokens/s"] + [f"{r['tok_s']:.2f}" for r in rows],
         ["bound tokens/s"] + [f"{r['bound_tok_s']:.2f}" for r in rows],
         ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows],
+        ["% of its round's bound"] + [_pct(r.get("of_bound")) for r in rows],
         ["rounds' tok/s"] + [" ".join(f"{t:.1f}" for t in r.get("tok_s_rounds", [])) for r in rows]])
     lines = [head, table]
     for peer in d.get("peers", []):
-        for p in peer["rows"]:
-            best = max(rows, key=lambda r: r["tok_s"])
-            lines.append(f"{peer['peer']} (Q4_0, commit {peer['commit']}, same run): {p['tok_s']:.2f} tok/s after "
-                         f"{p['n_depth']} positions; best tvm_ext row ({best['schedule']}) "
-                         f"{best['tok_s'] / p['tok_s']:.2f}x its rate")
+        rates = [p["tok_s"] for p in peer["rows"]]
+        lines.append(f"{peer['peer']} (Q4_0, commit {peer['commit'][:7]}, once per round after our rows): "
+                     f"{float(np.median(rates)):.2f} tok/s after {d['context']} positions (rounds: "
+                     + " ".join(f"{t:.1f}" for t in rates) + "); each row's median ratio to it in the same round: "
+                     + ", ".join(f"{r['schedule']} {r['vs_peer']:.2f}x" for r in rows if "vs_peer" in r))
     for r in rows:
         for other, cmp in r.get("vs_float", {}).items():
             lines.append(f"{r['schedule']} vs {other}: {100 * cmp['same_tokens']:.0f}% same tokens, first-step "
@@ -144,3 +160,8 @@ def format_table(rows, top: int = 6) -> str:
         lines += ["", f"{r['schedule']}: kernels by share of one step",
                   render(["kernel", "name", "%"], kernels, "<<>")]
     return "\n".join(lines)
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
