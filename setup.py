@@ -6,7 +6,8 @@ setup(
     version="0.1.0",
     description="MetaSchedule schedule rules, postprocessors and tuning drivers for quantized models",
     python_requires=">=3.9",
-    packages=["tvm_ext", "tvm_ext.intrinsics", "tvm_ext.tune", "tvm_ext.workloads", "tvm_ext.bench",
+    packages=["tvm_ext", "tvm_ext.intrinsics", "tvm_ext.tune", "tvm_ext.workloads", "tvm_ext.workloads.phi2",
+              "tvm_ext.bench", "tvm_ext.bench.phi2",
               "tvm_ext.check", "tvm_ext.cli", "tvm_ext.testing", "tvm_ext.rules", "tvm_ext.postprocs",
               "tvm_ext.frontend", "tvm_ext.cluster"],
     package_dir={

@@ -139,7 +139,7 @@ def as_main(func) -> tvm.IRModule:
 def phi2_reduced_kernels() -> dict:
     """The fused kernels of the reduced Phi-2: {"decode": [...] (8 past positions),
     "prefill": [...] (16 tokens)}."""
-    from tvm_ext.workloads import phi2
+    from tvm_ext.workloads.phi2 import kernels as phi2
 
     return {"decode": phi2.kernels(phi2.build_decode(context=8, config="reduced", fusion=True)).kernels,
             "prefill": phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels}

@@ -23,7 +23,7 @@ from tvm_ext.intrinsics import q4_gemv  # noqa: E402
 from tvm_ext.rules.dequant_gemv import DequantGEMV, factored_lanes, matches, untuned  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
 from tvm_ext.tir_utils import blocks_of  # noqa: E402
-from tvm_ext.workloads import phi2  # noqa: E402
+from tvm_ext.workloads.phi2 import kernels as phi2  # noqa: E402
 
 TARGET = resolve_target("llvm")
 # fused kernel -> projection, recognised by the unfused kernels it was made of

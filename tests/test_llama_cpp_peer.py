@@ -1,4 +1,4 @@
-"""llama.cpp as the Phi-2 prefill peer (tvm_ext/bench/llama_cpp.py): Q4_0 packing, the GGUF the phi2 loader
+"""llama.cpp as the Phi-2 prefill peer (tvm_ext/bench/phi2/llama_cpp.py): Q4_0 packing, the GGUF the phi2 loader
 expects, llama-bench's JSON and the one-line errors. The default run builds nothing; the slow test builds (or
 reuses) llama-bench and runs it on the reduced model. No test asserts a timing."""
 import stat
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tvm_ext.bench import llama_cpp as lc
+from tvm_ext.bench.phi2 import llama_cpp as lc
 
 # `llama-bench -m phi2-reduced-L1.gguf -p 128,512 -n 0 -t 2 -r 3 -o json -fa 0`, llama.cpp 0c1e570 (sdist
 # llama-cpp-python 0.3.36) on the 2-core AMD EPYC build VM: the keys we read and a few beside them, values verbatim.

@@ -8,14 +8,14 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from tvm_ext.bench import phi2 as phi2_bench  # noqa: E402
-from tvm_ext.bench import phi2_kernels as pk  # noqa: E402
+from tvm_ext.bench.phi2 import layer_bench as phi2_bench  # noqa: E402
+from tvm_ext.bench.phi2 import kernels as pk  # noqa: E402
 from tvm_ext.targets import cuda_target, resolve_target  # noqa: E402
 from tvm_ext.tune.database import best_record, open_database, record_seconds, records_of  # noqa: E402
 from tvm_ext.tune.kernels import kernel_database, measure_order, trials_to_beat, tune_kernels  # noqa: E402
 from tvm_ext.tune.runner import make_runner  # noqa: E402
 from tvm_ext.tune import seeds  # noqa: E402
-from tvm_ext.workloads import phi2  # noqa: E402
+from tvm_ext.workloads.phi2 import kernels as phi2  # noqa: E402
 
 CTX = 16
 

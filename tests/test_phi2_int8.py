@@ -1,5 +1,5 @@
 """The ``int8`` compute option of the Phi-2 model: its projections quantize their activations per
-token and group of 32 and run the q4 x int8 GEMM (workloads/q4_int8_gemm.py, one token in a decode
+token and group of 32 and run the q4 x int8 GEMM (workloads/phi2/q4_int8_gemm.py, one token in a decode
 step), scheduled by rules/q4_int8_gemm.py.
 
 A reduced Phi-2 decode with ``compute="int8"`` is compared with the float64 reference (the error is
@@ -21,8 +21,8 @@ def test_reduced_decode_int8_against_reference():
     """One decode step of the reduced Phi-2 (2 layers) with compute="int8": every projection is the
     int8 GEMM (no dequantize), scheduled by Q4Int8GEMM; logits within the quantization's error of
     the float64 reference, and the same greedy token."""
-    from tvm_ext.bench.phi2_e2e import decoder
-    from tvm_ext.workloads import phi2_model as pm
+    from tvm_ext.bench.phi2.decode import decoder
+    from tvm_ext.workloads.phi2 import model as pm
 
     model = pm.build_model("reduced", 2, capacity=8, seed=3, compute="int8")
     names = {gv.name_hint for gv, _ in model.mod.functions_items()}
@@ -43,8 +43,8 @@ def test_reduced_decode_int8_against_reference():
 def test_int8_compute_bad_inputs():
     from tvm import relax
 
-    from tvm_ext.workloads.phi2_layers import projector
-    from tvm_ext.workloads.q4_int8_gemm import check_target
+    from tvm_ext.workloads.phi2.layers import projector
+    from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
 
     bb = relax.BlockBuilder()
     with pytest.raises(ValueError, match="compute must be one of"):

@@ -1,4 +1,4 @@
-"""Whole-model Phi-2 decode (tvm_ext.workloads.phi2_model) on the reduced config (hidden 256,
+"""Whole-model Phi-2 decode (tvm_ext.workloads.phi2.model) on the reduced config (hidden 256,
 4 heads x 64, MLP 1024, vocab 1024, 2 layers): greedy generation on the Relax VM, with the
 KV cache written in place, matches the NumPy float64 reference of the whole model step by
 step (float32 compute: rtol = atol = 2e-3 on the logits, same generated ids); the e2e bench
@@ -12,9 +12,9 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from tvm_ext.bench import phi2_e2e  # noqa: E402
+from tvm_ext.bench.phi2 import decode as phi2_e2e  # noqa: E402
 from tvm_ext.cli.main import main  # noqa: E402
-from tvm_ext.workloads import phi2_model as pm  # noqa: E402
+from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
 
 TOL = 2e-3
 PAST, PROMPT, TOKENS = 3, [5, 811, 300], 3
@@ -177,7 +177,7 @@ def test_rule_schedules_gemv_layer_norm_attention_and_dlight_the_rest(model):
 
 
 def test_tuned_takes_database_records_and_dlight_elsewhere(model, tmp_path):
-    from tvm_ext.bench import phi2_kernels as pk
+    from tvm_ext.bench.phi2 import kernels as pk
     from tvm_ext.targets import resolve_target
     from tvm_ext.tune.kernels import kernel_database
     from tvm_ext.tune.seeds import seed_database

@@ -12,12 +12,12 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from tvm_ext.bench import dram  # noqa: E402
-from tvm_ext.bench import phi2 as phi2_bench  # noqa: E402
-from tvm_ext.bench import phi2_kernels as pk  # noqa: E402
-from tvm_ext.bench import phi2_measure as pm  # noqa: E402
-from tvm_ext.bench import phi2_peers as pp  # noqa: E402
+from tvm_ext.bench.phi2 import layer_bench as phi2_bench  # noqa: E402
+from tvm_ext.bench.phi2 import kernels as pk  # noqa: E402
+from tvm_ext.bench.phi2 import measure as pm  # noqa: E402
+from tvm_ext.bench.phi2 import peers as pp  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
-from tvm_ext.workloads import phi2  # noqa: E402
+from tvm_ext.workloads.phi2 import kernels as phi2  # noqa: E402
 
 CTX = 16
 CFG = phi2.CONFIGS["reduced"]
@@ -169,8 +169,8 @@ def test_ort_peer_on_our_weights_matches_numpy(fused):
 def test_int8_projection_on_our_weights(fused):
     """The bench's int8-activation projection (quantize + int8 GEMV, bias epilogue) on the weight
     arrays of each fused projection kernel gives q4_int8_gemm.reference_np's result, from copy 0."""
-    from tvm_ext.bench.phi2_int8 import Int8Projection
-    from tvm_ext.workloads.q4_int8_gemm import reference_np
+    from tvm_ext.bench.phi2.int8 import Int8Projection
+    from tvm_ext.workloads.phi2.q4_int8_gemm import reference_np
 
     ks, positions = fused
     rng = np.random.default_rng(2)

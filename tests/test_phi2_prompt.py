@@ -13,11 +13,11 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from tvm_ext.bench.phi2_e2e import decoder, schedule  # noqa: E402
+from tvm_ext.bench.phi2.decode import decoder, schedule  # noqa: E402
 from tvm_ext.cli.main import main  # noqa: E402
 from tvm_ext.rules.q4_int8_gemm import supported  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
-from tvm_ext.workloads import phi2_model as pm  # noqa: E402
+from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
 
 needs_vnni = pytest.mark.skipif(not supported(resolve_target("llvm")),
                                 reason="this host has no AVX-512 VNNI (the prefill GEMM's instructions)")
@@ -113,8 +113,8 @@ def test_cli_prompt_bad_input(argv, message, capsys):
 def test_tuning_starts_from_our_rules(model, tmp_path):
     """seed_rules commits our untuned schedule of every kernel a rule matches, measured by the tuning
     runner; the tuned row then uses those records (so tuning can only keep or beat them)."""
-    from tvm_ext.bench.phi2_e2e import model_kernels
-    from tvm_ext.bench.phi2_prompt import PROMPT_FUNCS
+    from tvm_ext.bench.phi2.decode import model_kernels
+    from tvm_ext.bench.phi2.prompt import PROMPT_FUNCS
     from tvm_ext.tune.database import open_database, records_of
     from tvm_ext.tune.seeds import rule_schedule, seed_rules
 

@@ -1,4 +1,4 @@
-"""The q4 x int8 GEMM (workloads/q4_int8_gemm.py: a prompt's prefill, and one token's GEMV), its
+"""The q4 x int8 GEMM (workloads/phi2/q4_int8_gemm.py: a prompt's prefill, and one token's GEMV), its
 tile intrinsic (AVX-512 VNNI, AVX-VNNI, AVX2 forms) and the Q4Int8GEMM schedule rule
 (rules/q4_int8_gemm.py).
 
@@ -20,8 +20,8 @@ from tvm.s_tir import Schedule  # noqa: E402
 
 from tvm_ext.rules import q4_int8_gemm as rule  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
-from tvm_ext.workloads import q4_int8_gemm as g  # noqa: E402
-from tvm_ext.workloads.phi2_layers import _quantized_linear  # noqa: E402
+from tvm_ext.workloads.phi2 import q4_int8_gemm as g  # noqa: E402
+from tvm_ext.workloads.phi2.layers import _quantized_linear  # noqa: E402
 
 HOST = resolve_target("llvm")
 CASCADELAKE = resolve_target({"kind": "llvm", "mcpu": "cascadelake"})
@@ -69,7 +69,7 @@ def test_quantize_tokens_matches_numpy():
 
 def test_reference_is_the_float_product_within_quantization():
     """The integer arithmetic is a quantized x @ W: close to the float product, not equal."""
-    from tvm_ext.workloads.phi2_layers import dequantize_np
+    from tvm_ext.workloads.phi2.layers import dequantize_np
 
     x, packed, scale, bias = _operands()
     exact = x.astype("float64") @ dequantize_np(packed, scale) + bias

@@ -83,8 +83,8 @@ def run(args) -> int:
     if args.workload.startswith("phi2"):
         if args.beside:
             raise ValueError("--beside is for the int8 networks")
-        from tvm_ext.bench import phi2 as phi2_bench
-        from tvm_ext.bench.phi2_peers import parse as parse_phi2_peers
+        from tvm_ext.bench.phi2 import layer_bench as phi2_bench
+        from tvm_ext.bench.phi2.peers import parse as parse_phi2_peers
 
         peers = parse_phi2_peers(args.peers)
         schedules = args.schedules.split(",") if args.schedules else None

@@ -73,7 +73,7 @@ def run(args) -> int:
     import json
     import os
 
-    from tvm_ext.bench.phi2_e2e import decode_e2e_rows
+    from tvm_ext.bench.phi2.decode import decode_e2e_rows
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.cli.generate_prompt import int8_database, run_prompt
 
@@ -95,7 +95,7 @@ def run(args) -> int:
     quiet = (lambda msg: None) if args.quiet else log
     peer, record = None, None
     if peers:  # llama-bench's decode after the same context, same threads, once per round after our rows
-        from tvm_ext.bench import llama_cpp as lc
+        from tvm_ext.bench.phi2 import llama_cpp as lc
         from tvm_ext.targets import physical_cores
 
         prepared = lc.prepare_peer(log=quiet)

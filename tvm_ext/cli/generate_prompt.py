@@ -19,7 +19,7 @@ def run_prompt(args, note: str | None = None) -> int:
     """``generate --prompt N`` (also ``bench phi2-prefill`` on the CPU, which passes its ``note``)."""
     import json
 
-    from tvm_ext.bench.phi2_prompt import SCHEDULES, prompt_rows
+    from tvm_ext.bench.phi2.prompt import SCHEDULES, prompt_rows
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.jsonio import write_json
 
@@ -45,7 +45,7 @@ def run_prompt(args, note: str | None = None) -> int:
     if note:
         out["note"] = note
     if "llama.cpp" in peers:
-        from tvm_ext.bench.llama_cpp import prefill_peer
+        from tvm_ext.bench.phi2.llama_cpp import prefill_peer
 
         out["peers"] = [prefill_peer(prompts=(args.prompt,), threads=out["threads"], log=quiet)]
     if args.out:

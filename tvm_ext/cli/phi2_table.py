@@ -1,7 +1,7 @@
 """The text tables of a Phi-2 bench result (``tvm_ext.bench.phi2.run``'s dict)."""
 from __future__ import annotations
 
-from tvm_ext.bench.phi2 import SCHEDULES, projection_table, row
+from tvm_ext.bench.phi2.layer_bench import SCHEDULES, projection_table, row
 from tvm_ext.cli.table import render
 
 NAME_WIDTH = 44

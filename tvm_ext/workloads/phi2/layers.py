@@ -1,5 +1,5 @@
 """Phi-2 decoder-layer pieces shared by the single-layer kernel workload (phi2.py) and the
-whole-model decode (phi2_model.py): configs, the q4 weight format, TE kernels, the Relax
+whole-model decode (model.py): configs, the q4 weight format, TE kernels, the Relax
 layer / head builders and the NumPy float64 reference.
 
 Weights are q4f16_1: 4-bit values packed 8 per uint32 along the input dim, one float16
@@ -8,7 +8,7 @@ the dicts below is either a NumPy array (bound as a Relax constant) or a Relax V
 function parameter): ``linear`` and ``emit_layer`` take both.
 
 A position (``past``) is a Python int (static, as phi2.py builds) or a (1,) int32 tensor
-holding it (phi2_model.py, one compiled layer for every position).
+holding it (model.py, one compiled layer for every position).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Timing of the Phi-2 bench kernels and peers, DRAM-honest, interleaved round by round.
 
-Each kernel with weights (``phi2_kernels.weight_positions``: q4 words, scales, biases,
+Each kernel with weights (``kernels.weight_positions``: q4 words, scales, biases,
 LayerNorm parameters, the unfused dequantized matrix, the KV cache) is timed cycling
 through C distinct copies of those arguments, C x their bytes >= 2 x the last-level cache
 (``tvm_ext.bench.dram``): its ``ms`` is what it costs when its weights come from DRAM, as
@@ -14,18 +14,18 @@ is gone from it: it also flushed the activations (cold in no real step) and only
 the flush walks.  It stays where it is still right: the tuning runner
 (``tvm_ext.tune.runner``, ``flush_cache=True``) ranks candidates with every input cold,
 a fixed condition for all candidates of a kernel, and the dlight seed is measured by that
-same runner (``phi2_kernels.runner_seconds``).
+same runner (``kernels.runner_seconds``).
 
 Copy bandwidth (``measure_bandwidth``) is sampled in every round of the same run; the
-peers (``phi2_peers``) run in every round after the TVM kernels.
+peers (``peers``) run in every round after the TVM kernels.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from tvm_ext.bench.dram import as_plan, seconds_per_call
-from tvm_ext.bench.phi2_kernels import build, measure_bandwidth, nbytes, random_args, weight_positions
-from tvm_ext.bench.phi2_peers import projection_of, q4_weights, rolled
+from tvm_ext.bench.phi2.kernels import build, measure_bandwidth, nbytes, random_args, weight_positions
+from tvm_ext.bench.phi2.peers import projection_of, q4_weights, rolled
 from tvm_ext.bench.timing import wait_until_idle
 
 
@@ -78,7 +78,7 @@ def runtimes_with_weights(kss, peers, int8: bool) -> int:
     """How many runtimes of a bench hold weight copies: the kernels with weights of both fusion
     modes (their copies are shared by the schedules), 2 per projection per peer, 1 per
     projection for the int8 projections."""
-    from tvm_ext.bench.phi2_peers import PROJECTIONS
+    from tvm_ext.bench.phi2.peers import PROJECTIONS
 
     kernels = sum(1 for ks in kss.values() for pos in weight_positions(ks).values() if pos)
     return kernels + len(PROJECTIONS) * (2 * len(peers) + int(bool(int8)))
@@ -121,7 +121,7 @@ def check_peers(peers, log) -> dict:
     """{peer index: max abs error of node 0 vs the NumPy reference, and that reference's
     max abs value}: ORT's output on our weights (acc 0: rounding only; acc 4: int8 activations),
     and the int8-activation projections' (every peer with an ``output()``)."""
-    from tvm_ext.bench.phi2_peers import reference
+    from tvm_ext.bench.phi2.peers import reference
 
     out, refs = {}, {}
     for i, peer in enumerate(peers):

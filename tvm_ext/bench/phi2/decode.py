@@ -1,7 +1,7 @@
 """Whole-model Phi-2 decode: tokens/s of N layers + head on the Relax VM, against the
 memory-bandwidth bound measured in the same run.
 
-``decode_e2e`` builds the model of ``tvm_ext.workloads.phi2_model`` (random q4f32_1
+``decode_e2e`` builds the model of ``tvm_ext.workloads.phi2.model`` (random q4f32_1
 weights), fills every layer's KV cache with ``context`` random past positions, and times
 a greedy decode of ``tokens`` tokens (one step per token: embed, every layer, head,
 argmax on the host), once per round, the rows of one run interleaved round by round.
@@ -12,7 +12,7 @@ bound_tok_s = DRAM bandwidth / bytes a token must stream: all layers' and the he
 weights (packed q4, fp16 scales, biases, LayerNorm) plus the keys and values of the cached
 positions each step attends to (averaged over the steps; the attention kernels read the
 whole cache capacity, context + tokens, masked), the embedding row aside.  The
-bandwidth is ``phi2_kernels.measure_bandwidth``'s copy bandwidth (read + written bytes per
+bandwidth is ``kernels.measure_bandwidth``'s copy bandwidth (read + written bytes per
 second; the fastest of TVM's parallel copy and NumPy's, measured before and after each
 decode).
 """
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2_kernels import measure_bandwidth, normalize, rule_module
+from tvm_ext.bench.phi2.kernels import measure_bandwidth, normalize, rule_module
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.tune.seeds import best_schedule, dlight_schedule, rule_schedule
 
@@ -83,7 +83,7 @@ def model_kernels(model, funcs=DECODE_FUNCS) -> dict:
     schedule can change (hand-scheduled kernels and the in-place cache writes left out)."""
     from tvm import tirx
 
-    from tvm_ext.workloads.phi2 import callees
+    from tvm_ext.workloads.phi2.kernels import callees
 
     out = {}
     for fname in funcs:
@@ -104,13 +104,13 @@ def tuning_database(path):
 
 
 def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=None, share=None):
-    """``phi2_model.Decoder`` of ``model`` scheduled ``how`` and compiled for ``target``
+    """``model.Decoder`` of ``model`` scheduled ``how`` and compiled for ``target``
     (``share``: a Decoder of the same model whose uploaded weights it reuses); its ``rules``
     attribute says which schedule each kernel got."""
     import tvm
 
     from tvm_ext.targets import resolve_target
-    from tvm_ext.workloads.phi2_model import Decoder
+    from tvm_ext.workloads.phi2.model import Decoder
 
     log = log or (lambda msg: None)
     target = resolve_target(target)
@@ -145,7 +145,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     ``of_bound`` the median of its rounds' tok/s over that round's bound (the copy bandwidth measured
     just before and after it).  ``peer``: a callable timed once per round after the rows, returning
     its tok/s (llama.cpp's decode); each row's ``vs_peer`` is the median of the rounds' ratios."""
-    from tvm_ext.workloads import phi2_model as pm
+    from tvm_ext.workloads.phi2 import model as pm
 
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
     tokens, context = int(tokens), int(context)
@@ -162,7 +162,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         if how == "tuned" and not tune_trials:
             tuning_database(database)
         if how in INT8_ROWS:
-            from tvm_ext.workloads.q4_int8_gemm import check_target
+            from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
 
             check_target(target)  # resolves it as decoder() will ("llvm": this host's CPU)
     from tvm_ext.targets import describe_host, physical_cores

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .base import Workload
+from ..base import Workload
 
-from .phi2_layers import (CONFIGS, EPS, GROUP, ROPE_BASE, attention, dequantize_np,  # noqa: F401
+from .layers import (CONFIGS, EPS, GROUP, ROPE_BASE, attention, dequantize_np,  # noqa: F401
                           emit_head, emit_layer, emit_rope_qkv, head_weights, layer_weights,
                           reference_head, reference_layer)
 

@@ -27,7 +27,7 @@ def normalize(func):
 
 def kernelsets(workload, config, context, tokens, dtype):
     """({fusion: Workload}, {fusion: KernelSet}) for fusion off (False) and on (True)."""
-    from tvm_ext.workloads import phi2
+    from tvm_ext.workloads.phi2 import kernels as phi2
 
     out, wls = {}, {}
     for fusion in (False, True):

@@ -1,7 +1,7 @@
 """Whole-model Phi-2 decode: N decoder layers + head, a KV cache and a greedy token loop
 on the Relax VM.
 
-Same q4f16_1 weight format and layer builder as ``phi2.py`` (``phi2_layers``), computed in
+Same q4f16_1 weight format and layer builder as ``kernels.py`` (``layers``), computed in
 float32 (q4f32_1).  The weights are **function parameters**, not constants, so the
 compiled module is small and the same kernels serve every layer:
 
@@ -17,7 +17,7 @@ KV cache: per layer two fixed-capacity float32 arrays (1, capacity, heads, head_
 (``call_tir_inplace``; the returned caches alias the ones passed in) and attends over the
 whole capacity with the causal mask ``j > pos``, so one compiled module serves every
 position.  The greedy loop (``Decoder.generate``) runs in Python: embed, the layers, head,
-argmax on the host.  Scheduling and compiling ``mod``: ``tvm_ext.bench.phi2_e2e.decoder``.
+argmax on the host.  Scheduling and compiling ``mod``: ``tvm_ext.bench.phi2.decode.decoder``.
 
 Weights are random from ``(seed, layer)``, generated one layer at a time (the full model's
 weights are 1.5 GB; NumPy copies are dropped once uploaded).
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .phi2 import lower
-from .phi2_layers import (CONFIGS, GROUP, attention, dequantize_np, emit_head, emit_layer, emit_rope_qkv,
+from .kernels import lower
+from .layers import (CONFIGS, GROUP, attention, dequantize_np, emit_head, emit_layer, emit_rope_qkv,
                           head_weights, layer_weights, q4_value, reference_head, reference_layer)
 
 DEFAULT_LAYERS = {"full": 32, "reduced": 2}
@@ -47,7 +47,7 @@ class Phi2Model:
     capacity: int  # KV cache positions
     seed: int
     mod: object  # lowered (fused) Relax module with embed / layer / head, unscheduled
-    compute: str = "float"  # the projections' arithmetic (phi2_layers.projector)
+    compute: str = "float"  # the projections' arithmetic (layers.projector)
     prompt: int = 0  # tokens of the compiled prefill (0: none; see ``_build_module``)
 
     def layer_weights(self, i):
@@ -89,7 +89,7 @@ def check_config(config, layers, capacity):
 def build_model(config="full", layers=None, capacity=512, seed=0, compute="float", prompt=0) -> Phi2Model:
     """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe.
     ``compute="int8"``: the projections quantize their activations to int8 (same weights and
-    parameters; ``phi2_layers.projector``).  ``prompt``: also compile a prefill of that many
+    parameters; ``layers.projector``).  ``prompt``: also compile a prefill of that many
     tokens (even; with int8 its projections are the q4 x int8 GEMM on repacked weights)."""
     layers = DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)

@@ -1,4 +1,4 @@
-"""tvm_ext's int8-activation projections (``tvm_ext.workloads.q4_int8_gemm`` for one token,
+"""tvm_ext's int8-activation projections (``tvm_ext.workloads.phi2.q4_int8_gemm`` for one token,
 scheduled by rules/q4_int8_gemm.py untuned) in the Phi-2 decode bench, timed like the peers:
 ``tvm-ext bench phi2-decode --int8``.
 
@@ -6,8 +6,8 @@ Per projection one ``Int8Projection``: the activation quantize kernel and the in
 epilogue, as the ORT MatMulNBits peer computes), both called per step as a decode would, on
 the same q4 weights as the fused float kernel and the peers (repacked: ``q4_int8_gemm.repack``),
 cycled through copies whose bytes exceed 2 x the last-level cache (copy i = the weights rolled
-by i rows, as ``phi2_peers.rolled`` makes them).  ``output()`` is copy 0's result for the bench's
-activation row; ``phi2_measure.check_peers`` reports its error against the float reference,
+by i rows, as ``peers.rolled`` makes them).  ``output()`` is copy 0's result for the bench's
+activation row; ``measure.check_peers`` reports its error against the float reference,
 as it does ORT's: the int8 arithmetic is a different computation and says so.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_ext.bench.dram import as_plan, seconds_per_call
-from tvm_ext.bench.phi2_peers import rolled
+from tvm_ext.bench.phi2.peers import rolled
 
 NAME = "rule-int8"
 
@@ -28,7 +28,7 @@ class Int8Projection:
 
         from tvm_ext.rules import q4_int8_gemm as rule
         from tvm_ext.targets import resolve_target
-        from tvm_ext.workloads import q4_int8_gemm as g
+        from tvm_ext.workloads.phi2 import q4_int8_gemm as g
 
         target = resolve_target(target)  # what is checked is what is compiled ("llvm": the host's CPU)
         g.check_target(target)

@@ -20,8 +20,8 @@ build_only  build every kernel of every schedule, run nothing (the path for cuda
 out_json    where to write the JSON (default tvm_ext_work/bench-<workload>-<target kind>.json).
 threads     TVM (and peer) thread-pool size (default: all cores TVM sees).
 peers       ["ort", "torch"]: per projection, ORT MatMulNBits at accuracy_level 0 and 4 and
-            torch bf16/fp32 linear on the same weights (``tvm_ext.bench.phi2_peers``).
-int8        also time tvm_ext's int8-activation projections (``phi2_int8``; phi2-decode on an
+            torch bf16/fp32 linear on the same weights (``tvm_ext.bench.phi2.peers``).
+int8        also time tvm_ext's int8-activation projections (``int8``; phi2-decode on an
             AVX2 CPU): a different computation, with its error against the float reference.
 schedules   which of SCHEDULES (+ "rule" where rules/dequant_gemv.py exists) to run; dlight
             always runs (every other schedule is checked against it).
@@ -29,10 +29,10 @@ schedules   which of SCHEDULES (+ "rule" where rules/dequant_gemv.py exists) to 
 Tuning goes through ``tvm_ext.tune`` (``tune_kernels``: the stack's builder, cache-flushing
 runner, search strategy and databases, ``tvm_ext.space``); the seeded database starts from our
 rules' untuned schedule where one applies (the "rule" row's; CPU) and dlight's elsewhere, each
-measured by that same runner first (``phi2_kernels.runner_seconds``), so a record ranks above the
+measured by that same runner first (``kernels.runner_seconds``), so a record ranks above the
 seed only when the runner measured it faster: seeded is the rule row tuned.  Schedules, builds and checks are in
-``phi2_kernels``; timing (DRAM-honest: weights cycled through copies exceeding the LLC)
-in ``phi2_measure``; the table is printed by the CLI (``tvm_ext.cli.phi2_table``).
+``kernels``; timing (DRAM-honest: weights cycled through copies exceeding the LLC)
+in ``measure``; the table is printed by the CLI (``tvm_ext.cli.phi2_table``).
 
 The returned dict (= the JSON) is
 {"workload", "target", "device": {"name", "flags"}, "llc_bytes", "llc_source", "copy_plan": {"cycle_bytes", "sweep"},
@@ -46,7 +46,7 @@ The returned dict (= the JSON) is
            "max_abs_ref"}] (with ``int8``),
  "fusion_losses": [...], "targets": {...}}
 Kernel "ms" and "bound_ms" are per layer (per call x calls); "ms" is the DRAM figure
-(see ``phi2_measure``), "ms_cache_hot" the labelled cache-hot one; "bound_ms" = bytes the
+(see ``measure``), "ms_cache_hot" the labelled cache-hot one; "bound_ms" = bytes the
 kernel moves / the copy bandwidth measured in the same run.  Peers' "ms" is per call.
 All times come from one process, interleaved round by round.
 """
@@ -60,12 +60,12 @@ from collections import Counter
 import numpy as np
 import tvm_ffi
 
-from tvm_ext.bench import phi2_measure
+from tvm_ext.bench.phi2 import measure as phi2_measure
 from tvm_ext.bench.dram import CopyPlan, cpu_info, llc_bytes
-from tvm_ext.bench.phi2_kernels import (build, build_validator, combine, kernelsets, log_dir, nbytes,
+from tvm_ext.bench.phi2.kernels import (build, build_validator, combine, kernelsets, log_dir, nbytes,
                                         normalize, nvcc_build, rule_module, runner_seconds, sampled_schedule,
                                         verify)
-from tvm_ext.bench.phi2_peers import make_peers
+from tvm_ext.bench.phi2.peers import make_peers
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune import packed
@@ -195,7 +195,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     if int8:
         if gpu or workload != "phi2-decode":
             raise ValueError("--int8 is for phi2-decode on llvm (the decode projections on the CPU)")
-        from tvm_ext.workloads.q4_int8_gemm import check_target
+        from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
 
         check_target(target)
     if build_only and gpu:
@@ -232,7 +232,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     peer_objs = make_peers(peers or [], q4, plan, threads, x_of, log)
     n_peers = len(peer_objs)
     if int8:
-        from tvm_ext.bench.phi2_int8 import make_int8
+        from tvm_ext.bench.phi2.int8 import make_int8
 
         peer_objs += make_int8(q4, plan, target, dev, x_of)
     peer_err = phi2_measure.check_peers(peer_objs, log)
@@ -290,7 +290,7 @@ def _check_schedules(schedules, gpu: bool = False) -> tuple:
 def _verify(wls, kss, sched, target, dev, log, schedules=SCHEDULES):
     """dlight and rule end to end against NumPy (one VM build per fusion mode and schedule);
     the tuned schedules' kernels are checked against their dlight kernel on the timing inputs
-    (``phi2_measure``)."""
+    (``measure``)."""
     verified = {}
     for fusion in (False, True):
         for s in schedules:

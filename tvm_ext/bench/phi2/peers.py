@@ -81,7 +81,7 @@ def rolled(arrays, i: int) -> tuple:
 
 def reference(x, packed, scale, bias, rows: int = 4096):
     """NumPy float64 x @ dequantize(packed, scale) + bias, ``rows`` output rows at a time."""
-    from tvm_ext.workloads.phi2 import dequantize_np
+    from tvm_ext.workloads.phi2.kernels import dequantize_np
 
     x = np.asarray(x, "float64").reshape(1, -1)
     out = [x @ dequantize_np(packed[r:r + rows], scale[r:r + rows]) for r in range(0, packed.shape[0], rows)]
@@ -174,7 +174,7 @@ class TorchPeer:
     def __init__(self, projection, base, plan, dtype, threads, x):
         import torch
 
-        from tvm_ext.workloads.phi2 import dequantize_np
+        from tvm_ext.workloads.phi2.kernels import dequantize_np
 
         tdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
         if threads:

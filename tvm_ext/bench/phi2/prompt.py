@@ -1,7 +1,7 @@
 """Whole-model Phi-2 prompt processing (prefill) on the Relax VM: prompt tok/s, time to first token,
 the decode that follows, and the GEMMs against the host's measured int8 peak.
 
-The model (``phi2_model.build_model(compute="int8", prompt=M)``) runs the prompt's M tokens through
+The model (``model.build_model(compute="int8", prompt=M)``) runs the prompt's M tokens through
 each layer at once: activations quantized per token and group to int8, the projections as the
 q4 x int8 GEMM of ``workloads.q4_int8_gemm`` (rules/q4_int8_gemm.py, ``vpdpbusd``), attention over
 the KV cache with the causal mask; then greedy decode continues from the cache the prefill wrote.
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2_e2e import decoder, model_kernels
+from tvm_ext.bench.phi2.decode import decoder, model_kernels
 from tvm_ext.bench.timing import set_threads
 
 SCHEDULES = ("int8", "tuned")
@@ -67,7 +67,7 @@ def _gemm_shapes(model) -> dict:
     """{kernel name: (M, N, K)} of the prefill's GEMMs (the prompt's tokens at once; the head's
     one-token lm_head is a GEMV)."""
     from tvm_ext.tir_utils import blocks_of
-    from tvm_ext.workloads.q4_int8_gemm import DOT_BLOCK
+    from tvm_ext.workloads.phi2.q4_int8_gemm import DOT_BLOCK
 
     out = {}
     for name, mod in model_kernels(model, PROMPT_FUNCS).items():
@@ -87,7 +87,7 @@ def ort_gemms(model, tokens: int, threads: int, repeat: int = 5, log=print) -> d
     activations, as ours) on layer 0's weights and ``tokens`` random activation rows, one node per
     session, the median of ``repeat`` runs after a warm-up (weights in cache: at prompt sizes the
     GEMM is compute-bound, ~0.1 int8 op per weight byte read per token)."""
-    from tvm_ext.bench.phi2_peers import ort_model, ort_session
+    from tvm_ext.bench.phi2.peers import ort_model, ort_session
     from tvm_ext.bench.timing import wait_until_idle
 
     weights, rng, out = model.layer_weights(0), np.random.default_rng(0), {}
@@ -142,15 +142,15 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     import tvm
 
     from tvm_ext.targets import describe_host, physical_cores
-    from tvm_ext.workloads import phi2_model as pm
-    from tvm_ext.workloads.q4_int8_gemm import check_target
+    from tvm_ext.workloads.phi2 import model as pm
+    from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
 
     for how in schedules:
         if how not in SCHEDULES:
             raise ValueError(f"prompt schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
     check_target(target)
     if "tuned" in schedules and not tune_trials:
-        from tvm_ext.bench.phi2_e2e import tuning_database
+        from tvm_ext.bench.phi2.decode import tuning_database
 
         tuning_database(database)
     threads = int(threads or physical_cores())

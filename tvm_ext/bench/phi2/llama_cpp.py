@@ -33,10 +33,10 @@ QK4_0 = 32
 
 
 def phi2_config(config: str = "full") -> dict:
-    """The shapes of tvm_ext's Phi-2 model (``workloads.phi2_layers.CONFIGS``: "full" is Phi-2, "reduced" is
+    """The shapes of tvm_ext's Phi-2 model (``workloads.phi2.layers.CONFIGS``: "full" is Phi-2, "reduced" is
     for tests), its LayerNorm epsilon and context window: the peer's GGUF has the same shapes as our model."""
-    from tvm_ext.workloads.phi2_layers import CONFIGS, EPS
-    from tvm_ext.workloads.phi2_model import MAX_POSITIONS
+    from tvm_ext.workloads.phi2.layers import CONFIGS, EPS
+    from tvm_ext.workloads.phi2.model import MAX_POSITIONS
 
     if config not in CONFIGS:
         raise ValueError(f"config must be one of {sorted(CONFIGS)}, not {config!r}")
