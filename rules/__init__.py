@@ -1,8 +1,10 @@
 """tvm_ext schedule rules, one per file (installed as ``tvm_ext.rules``)."""
 from .apply_block_attr import ApplyBlockAttrRule, register_custom_rules
+from .contraction_cpu import ContractionCPU
 from .dequant_gemv import DequantGEMV
 from .inline_constant_scalars import InlineConstantScalars, is_constant_scalar_block
 from .q4_int8_gemm import Q4Int8GEMM
+from .row_norm_cpu import RowNormCPU
 
-__all__ = ["ApplyBlockAttrRule", "DequantGEMV", "InlineConstantScalars", "Q4Int8GEMM", "is_constant_scalar_block",
-           "register_custom_rules"]
+__all__ = ["ApplyBlockAttrRule", "ContractionCPU", "DequantGEMV", "InlineConstantScalars", "Q4Int8GEMM",
+           "RowNormCPU", "is_constant_scalar_block", "register_custom_rules"]

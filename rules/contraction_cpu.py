@@ -24,8 +24,9 @@ are (``matches`` is False), the dequantize-GEMVs are DequantGEMV's.
 
 Prefill (512 queries over 528 positions, 2-core AVX-512 EPYC): attn_score 37 ms, attn_value 7.5 ms
 per layer (MetaSchedule, 32 trials: 16 and 9.4 ms).  Used untuned (``untuned(mod, target)``) by the
-Phi-2 ``rule`` schedules and as the first record of a prompt tuning (``schedule_of``); not a
-MetaSchedule rule.
+Phi-2 ``rule`` schedules, as the first record of a tuning (``schedule_of``), and as a MetaSchedule
+rule (``ContractionCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule with the
+one-query axpy form's chunk sampled (256, 128 or 64 outputs where they divide the axis).
 """
 from __future__ import annotations
 
@@ -34,12 +35,15 @@ from typing import Optional
 import tvm
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
+from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
+from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.tir_utils import collect, is_param, root_child_blocks, schedule_each
 
 LANES = 8  # float32 lanes of one AVX2 register
+SKIP = ("schedule_rule", "None")
 CHUNKS = (256, 128, 64)  # outputs per parallel chunk in the axpy form, the largest that divides the axis:
 # Phi-2 decode attn_value (2560 outputs, values cycled from DRAM, 2-core Zen 4) 0.094 ms in chunks of 64,
 # 0.077 in chunks of 256 (each task walks 1 KiB of each value row instead of 256 bytes)
@@ -103,6 +107,25 @@ def _big_load(block):
     return next((load for load in collect(block.body, TensorLoad) if load.source.same_as(big.source)), None)
 
 
+def schedule(sch, form: str, sample: bool = False, annotate: bool = False) -> None:
+    """Schedule the one-block function ``sch`` works on in ``form`` ("dot" or "axpy", ``_form``).  With
+    ``sample`` the one-query axpy form's chunk of outputs per parallel task is a sampled decision (the
+    largest of ``CHUNKS`` that divides the axis first); with ``annotate`` the blocks (and the root) are
+    marked for PostOrderApply's other rules to skip."""
+    (block,) = sch.get_child_blocks(sch.get_sblock("root"))
+    *spatial, red = sch.get_loops(block)
+    if form == "dot":
+        spatial = _in_memory_order(sch, block, spatial)
+        partial = _dot(sch, block, spatial, red)
+        blocks = [block, partial]
+    else:
+        _axpy(sch, block, spatial, red, sample)
+        blocks = [block]
+    if annotate:
+        for blk in blocks + [sch.get_sblock("root")]:
+            sch.annotate(blk, *SKIP)
+
+
 def schedule_of(func, name: str = "main"):
     """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
     tuning database), or None where it does not match."""
@@ -112,13 +135,7 @@ def schedule_of(func, name: str = "main"):
     sch = Schedule(tvm.IRModule({name: func}))
     sch.work_on(name)
     try:
-        (block,) = sch.get_child_blocks(sch.get_sblock("root"))
-        *spatial, red = sch.get_loops(block)
-        if form == "dot":
-            spatial = _in_memory_order(sch, block, spatial)
-            _dot(sch, block, spatial, red)
-        else:
-            _axpy(sch, block, spatial, red)
+        schedule(sch, form)
     except ScheduleError:
         return None
     return sch
@@ -140,7 +157,7 @@ def _in_memory_order(sch, block, loops) -> list:
     return [loops[k] for k in order]
 
 
-def _dot(sch, block, spatial, red) -> None:
+def _dot(sch, block, spatial, red):
     outer = sch.fuse(*spatial)
     sch.parallel(outer)
     _ro, lanes = sch.split(red, [None, LANES])
@@ -152,6 +169,7 @@ def _dot(sch, block, spatial, red) -> None:
     sch.reorder(r_o, r_v)
     sch.vectorize(r_v)
     sch.decompose_reduction(partial, r_o)
+    return partial
 
 
 QUERIES = 4  # queries sharing each loaded row of the operand (several queries: prefill attention)
@@ -186,7 +204,7 @@ def _axpy_rows(sch, block, spatial, red, length: int) -> None:
     sch.decompose_reduction(block, red)
 
 
-def _axpy(sch, block, spatial, red) -> None:
+def _axpy(sch, block, spatial, red, sample: bool = False) -> None:
     length = _row_length(sch.get(block), sch.get(block).iter_vars[-2].var)
     queries = int(sch.get(spatial[-2]).extent) if len(spatial) > 1 else 1
     if length is not None and length % (2 * LANES) == 0 and queries > 1:
@@ -194,7 +212,11 @@ def _axpy(sch, block, spatial, red) -> None:
         return
     *rows, last = spatial
     extent = int(sch.get(last).extent)
-    chunk, inner = sch.split(last, [None, next(c for c in CHUNKS if extent % c == 0)])
+    sizes = [c for c in CHUNKS if extent % c == 0]
+    size = sizes[0]
+    if sample and len(sizes) > 1:
+        size = sch.sample_categorical(sizes, [1.0 / len(sizes)] * len(sizes), decision=0)
+    chunk, inner = sch.split(last, [None, size])
     outer = sch.fuse(*rows, chunk) if rows else chunk
     sch.parallel(outer)
     sch.reorder(red, inner)
@@ -211,3 +233,28 @@ def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=
 def matches(func) -> bool:
     """Whether ``untuned`` schedules ``func`` (a contraction this rule handles)."""
     return schedule_of(func) is not None
+
+
+@derived_object
+class ContractionCPU(PyScheduleRule):
+    """Schedule rule: a single-block contraction (module doc) scheduled as ``untuned`` does, the
+    one-query axpy form's chunk size a sampled decision; every other function passes."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch, block):
+        func = sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]
+        form = _form(func)
+        if form is None:
+            return [sch]
+        cand = sch.copy()
+        try:
+            schedule(cand, form, sample=True, annotate=True)
+        except ScheduleError:
+            return [sch]
+        return [cand]
+
+    def clone(self):
+        return ContractionCPU()
+

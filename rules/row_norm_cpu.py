@@ -15,20 +15,24 @@ fused and parallel when there are several (prefill), each statistic computed at 
 the output's trailing axis vectorized.  The reductions stay serial, in the order of the
 unscheduled kernel (a float sum reassociated would change the result's last bits).
 
-Used untuned (``untuned(mod, target)``, like dlight) by the Phi-2 ``rule`` schedules; not a
-MetaSchedule rule (in ``tvm_ext.space`` MetaSchedule's own rules schedule this kernel).
+Used untuned (``untuned(mod, target)``, like dlight) by the Phi-2 ``rule`` schedules, and as a
+MetaSchedule rule (``RowNormCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule
+with the output's vector width sampled (16, 8 or 4 lanes where they divide D).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import tvm
+from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
+from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.tir_utils import is_param, root_child_blocks, schedule_each
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
+SKIP = ("schedule_rule", "None")
 
 
 def _shape(buf) -> Optional[tuple]:
@@ -71,29 +75,42 @@ def _plan(func) -> Optional[tuple]:
     return last.name_hint, [b.name_hint for b in stats], rows, d
 
 
+def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
+    """Schedule the function ``sch`` works on as ``plan`` says (module doc).  With ``sample`` the
+    output's vector width is a sampled decision (the widest of ``VECTOR_LANES`` that divides D first);
+    with ``annotate`` every block (and the root) is marked for PostOrderApply's other rules to skip."""
+    out_name, stat_names, rows, d = plan
+    out = sch.get_sblock(out_name)
+    *row_loops, inner = sch.get_loops(out)
+    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    for stat in reversed(stat_names):  # consumers first: each lands under the row loop
+        sch.compute_at(sch.get_sblock(stat), row, preserve_unit_loops=True)
+    widths = [n for n in VECTOR_LANES if d % n == 0]
+    if widths:
+        lanes = widths[0]
+        if sample and len(widths) > 1:
+            lanes = sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths), decision=0)
+        sch.vectorize(sch.split(inner, [None, lanes])[1])
+    total_rows = 1
+    for extent in rows:
+        total_rows *= extent
+    if total_rows > 1:
+        sch.parallel(row)
+    if annotate:
+        for name in (out_name, *stat_names, "root"):
+            sch.annotate(sch.get_sblock(name), *SKIP)
+
+
 def schedule_of(func, name: str = "main"):
     """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
     tuning database), or None where it does not match."""
     plan = _plan(func)
     if plan is None:
         return None
-    out_name, stat_names, rows, d = plan
     sch = Schedule(tvm.IRModule({name: func}))
     sch.work_on(name)
     try:
-        out = sch.get_sblock(out_name)
-        *row_loops, inner = sch.get_loops(out)
-        row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
-        for stat in reversed(stat_names):  # consumers first: each lands under the row loop
-            sch.compute_at(sch.get_sblock(stat), row, preserve_unit_loops=True)
-        lanes = next((n for n in VECTOR_LANES if d % n == 0), None)
-        if lanes is not None:
-            sch.vectorize(sch.split(inner, [None, lanes])[1])
-        total_rows = 1
-        for extent in rows:
-            total_rows *= extent
-        if total_rows > 1:
-            sch.parallel(row)
+        schedule(sch, plan)
     except ScheduleError:
         return None
     return sch
@@ -107,3 +124,29 @@ def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=
 def matches(func) -> bool:
     """Whether ``untuned`` schedules ``func`` (a row normalization this rule handles)."""
     return schedule_of(func) is not None
+
+
+@derived_object
+class RowNormCPU(PyScheduleRule):
+    """Schedule rule: a row normalization (module doc) scheduled as ``untuned`` does, the vector width
+    a sampled decision; every other function passes."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch, block):
+        name = sch.get(block).name_hint
+        func = sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]
+        plan = _plan(func)
+        if plan is None or name not in (plan[0], *plan[1]):
+            return [sch]
+        cand = sch.copy()
+        try:
+            schedule(cand, plan, sample=True, annotate=True)
+        except ScheduleError:
+            return [sch]
+        return [cand]
+
+    def clone(self):
+        return RowNormCPU()
+

@@ -143,3 +143,16 @@ def phi2_reduced_kernels() -> dict:
 
     return {"decode": phi2.kernels(phi2.build_decode(context=8, config="reduced", fusion=True)).kernels,
             "prefill": phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels}
+
+
+def ours_in_space(func, target="llvm"):
+    """The design-space candidates of ``tvm_ext.space`` for ``func`` that one of our whole-function
+    rules made (their traces mark the blocks ``schedule_rule: "None"`` for the other rules)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    import tvm_ext
+    from tvm_ext.targets import resolve_target
+
+    target = tvm.target.Target(dict(resolve_target(target).export(), **{"num-cores": 2}))
+    ctx = ms.TuneContext(mod=as_main(func), target=target, space_generator=tvm_ext.space(target), task_name="t")
+    return [s for s in ctx.generate_design_space() if 'ann_val="None"' in str(s.trace)]

@@ -9,7 +9,7 @@ import pytest
 import tvm
 import tvm_ffi
 
-from kernels import as_main, phi2_reduced_kernels
+from kernels import as_main, ours_in_space, phi2_reduced_kernels
 from tvm_ext.rules import contraction_cpu
 
 
@@ -50,3 +50,16 @@ def test_other_kernels_are_left_alone(kernels):
         mod = as_main(kernel.func)
         assert not contraction_cpu.matches(kernel.func), kernel.name
         tvm.ir.assert_structural_equal(contraction_cpu.untuned(mod, None), mod)
+
+
+@pytest.mark.parametrize("which", ["decode", "prefill"])
+def test_the_rule_in_the_plugin_space(kernels, which):
+    """ContractionCPU in tvm_ext.space: one candidate per attention kernel, this schedule (the one-query
+    axpy form's chunk a sampled decision, first draw the untuned one), computing the kernel's result."""
+    for name in ("attn_score", "attn_value"):
+        func = next(k.func for k in kernels[which] if k.name == name)
+        (cand,) = ours_in_space(func)
+        sampled = "sample_categorical" in str(cand.trace)
+        assert sampled == (which == "decode" and name == "attn_value"), (which, name)
+        want = _run(contraction_cpu.untuned(as_main(func)), func)
+        np.testing.assert_allclose(_run(cand.mod, func), want, rtol=1e-5, atol=1e-5)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tvm
 
-from kernels import as_main, phi2_reduced_kernels
+from kernels import as_main, ours_in_space, phi2_reduced_kernels
 from tvm_ext.rules import row_norm_cpu
 from tvm_ext.tir_utils import blocks_of
 
@@ -76,3 +76,18 @@ def test_other_kernels_are_left_alone(kernels):
         mod = as_main(kernel.func)
         assert not row_norm_cpu.matches(kernel.func), kernel.name
         tvm.ir.assert_structural_equal(row_norm_cpu.untuned(mod, None), mod)
+
+
+@pytest.mark.parametrize("which", ["decode", "prefill"])
+def test_the_rule_in_the_plugin_space(kernels, which):
+    """RowNormCPU in tvm_ext.space: one candidate for the LayerNorm, this schedule with the vector width a
+    sampled decision (first draw the untuned one), computing NumPy's result."""
+    kernel = _layer_norms(kernels[which])[0]
+    (cand,) = ours_in_space(kernel.func)
+    assert "sample_categorical" in str(cand.trace)
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal([int(s) for s in p.shape]).astype(str(p.dtype)) for p in kernel.func.params]
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    tvm.compile(cand.mod, target="llvm")["main"](*args)
+    x, g, b = arrays[:3]
+    np.testing.assert_allclose(args[-1].numpy(), _layer_norm_reference(x, g, b, 1e-5), rtol=1e-4, atol=1e-4)

@@ -8,8 +8,9 @@
                      with AVX2 but no VNNI the same rule with the AVX2 intrinsic, which
                      only takes blocks annotated as safe for it (``u8s8_intrin_name``) --
                      and on x86 with AMX int8 our AMX rule + AMXTileConfig in front of those;
-                     on llvm our DequantGEMV (q4 decode GEMV kernels) and Q4Int8GEMM (prefill q4 x int8
-                     GEMMs, AVX-512 VNNI) before MultiLevelTiling.
+                     on llvm our CPU rules before MultiLevelTiling: DequantGEMV (float q4 GEMV kernels),
+                     Q4Int8GEMM (q4 x int8 GEMMs and GEMVs), RowNormCPU (LayerNorm), ContractionCPU
+                     (decode/prefill attention).
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
 """
@@ -65,22 +66,27 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
         else:
             rules.append(rule)
     if kind == "llvm":
-        rules = with_dequant_gemv(rules)
+        rules = with_cpu_rules(rules)
     add_vnni = _vnni(target, ruleset)
     return add_vnni(rules, [], target)[0] if add_vnni else rules
 
 
-def with_dequant_gemv(rules: list) -> list:
-    """A copy of ``rules`` with our q4 rules right before MultiLevelTiling, else at the end (llvm
-    rule sets other than ``upstream``): DequantGEMV (decode GEMV kernels) and Q4Int8GEMM (prefill
-    q4 x int8 GEMMs; it offers nothing on targets without AVX-512 VNNI)."""
-    from tvm_ext.rules.dequant_gemv import DequantGEMV  # pylint: disable=import-outside-toplevel
-    from tvm_ext.rules.q4_int8_gemm import Q4Int8GEMM  # pylint: disable=import-outside-toplevel
+def with_cpu_rules(rules: list) -> list:
+    """A copy of ``rules`` with our CPU rules right before MultiLevelTiling, else at the end (llvm
+    rule sets other than ``upstream``): DequantGEMV (float q4 GEMV kernels), Q4Int8GEMM (q4 x int8
+    GEMMs and GEMVs; nothing on targets without AVX2), RowNormCPU (row normalizations: LayerNorm) and
+    ContractionCPU (single-block contractions: attention).  Each matches by structure and passes
+    every other block."""
+    # pylint: disable=import-outside-toplevel
+    from tvm_ext.rules.contraction_cpu import ContractionCPU
+    from tvm_ext.rules.dequant_gemv import DequantGEMV
+    from tvm_ext.rules.q4_int8_gemm import Q4Int8GEMM
+    from tvm_ext.rules.row_norm_cpu import RowNormCPU
 
     rules = list(rules)
     names = [_name(r) for r in rules]
     idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
-    rules[idx:idx] = [DequantGEMV(), Q4Int8GEMM()]
+    rules[idx:idx] = [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU()]
     return rules
 
 
