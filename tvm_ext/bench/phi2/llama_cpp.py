@@ -310,21 +310,6 @@ def run_llama_bench(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, l
     return rows
 
 
-def host_cpu() -> dict:
-    """CPU model and the SIMD flags that matter to Q4_0 kernels (llama-bench itself reports only a model name)."""
-    info = {"model": "unknown", "flags": ""}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    info["model"] = model.group(1).strip() if model else "unknown"
-    keep = re.compile(r"avx|amx|fma|f16c|vnni|bf16|sse4_2")
-    info["flags"] = " ".join(f for f in (flags.group(1).split() if flags else []) if keep.match(f))
-    return info
-
-
 def prepare_peer(cache_dir=None, log=print, config="full", seed=0, layers=32) -> dict:
     """llama-bench (built or reused) and the Phi-2 Q4_0 GGUF (written or reused) on this host:
     {"bench", "commit", "gguf", "gguf_write_s", "host_cpu"}."""
@@ -338,8 +323,10 @@ def prepare_peer(cache_dir=None, log=print, config="full", seed=0, layers=32) ->
         write_phi2_gguf(model, layers=layers, seed=seed, config=config, cache_dir=cache_dir)
         write_s = time.time() - t0
         log(f"llama.cpp: wrote {model} ({model.stat().st_size / 2**20:.0f} MiB) in {write_s:.1f} s")
-    host = host_cpu()
-    log(f"llama.cpp: host CPU {host['model']}: {host['flags']}")
+    from tvm_ext.bench.dram import cpu_info  # pylint: disable=import-outside-toplevel
+
+    host = cpu_info()  # llama-bench itself reports only a model name
+    log(f"llama.cpp: host CPU {host['name']}: {' '.join(host['flags'])}")
     return {"bench": paths["bench"], "commit": paths["commit"], "gguf": model, "gguf_write_s": write_s,
             "host_cpu": host}
 
