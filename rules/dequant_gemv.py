@@ -35,10 +35,9 @@ between 1.45x and 5.5x the DRAM bound on Phi-2's qkv on the AVX-512 host it was 
 Its epilogues follow in one parallel, vectorized loop.  It applies only where the dequantize
 is written as Phi-2's kernels write it (``q4_weight``; tensorize checks the structure) and
 reassociates the float sums (errors of the order of the other sketches' against NumPy).
-``untuned`` uses it where it applies.  The MetaSchedule rule does not offer it yet: inside
-PostOrderApply the blockized GEMV came out without read regions and tensorize refused it, and
-with the tensorize left to RewriteTensorize (annotation) that postprocessor failed ("The stmt
-doesn't exist in the IR"); so tuning still searches the scheduled sketches only.
+``untuned`` uses it where it applies, and the MetaSchedule rule offers it as its first sketch
+(tensorized in the rule, every block then marked for the other rules to skip; it replays and passes
+the llvm postprocessors), the scheduled sketches after it.
 
 ``rows``, ``sums`` and ``splits`` are sampled decisions (candidates that divide N, the group,
 the number of groups; defaults ``DEFAULT_ROWS`` / ``DEFAULT_SUMS`` / ``DEFAULT_SPLITS``).
@@ -251,16 +250,27 @@ class DequantGEMV(PyScheduleRule):
     def __init__(self) -> None:
         super().__init__()
         self.cores = 1
+        self.lanes = None
 
     def _initialize_with_tune_context(self, context) -> None:
         self.cores = _cores(context.target)
+        self.lanes = factored_lanes(context.target)
 
     def apply(self, sch, block):
         pattern = match(sch, block)
         if pattern is None:
             return [sch]
-        variants = [False] + ([True] if wants_split_k(pattern, self.cores) else [])
         out = []
+        if self.lanes is not None:  # the factored sketch first, where the target has its vector unit
+            cand = sch.copy()
+            try:
+                schedule_factored(cand, cand.get_sblock(sch.get(block).name_hint), pattern, self.lanes)
+                for blk in cand.get_child_blocks(cand.get_sblock("root")) + [cand.get_sblock("root")]:
+                    cand.annotate(blk, *SKIP)
+                out.append(cand)
+            except (ScheduleError, ValueError, StopIteration):
+                pass  # not the intrinsic's form: the sampled sketches below
+        variants = [False] + ([True] if wants_split_k(pattern, self.cores) else [])
         for split_k in variants:
             cand = sch.copy()
             try:
@@ -272,5 +282,5 @@ class DequantGEMV(PyScheduleRule):
 
     def clone(self):
         other = DequantGEMV()
-        other.cores = self.cores
+        other.cores, other.lanes = self.cores, self.lanes
         return other

@@ -387,17 +387,28 @@ def test_other_dequantize_keeps_the_scheduled_sketch():
 
 
 @needs_avx2
-def test_rule_keeps_to_the_scheduled_sketches_in_metaschedule():
-    """The MetaSchedule rule does not offer the factored sketch (module doc: TVM's tensorize and
-    RewriteTensorize refuse it inside the search), so every sketch it returns is a scheduled one,
-    on an x86 tune context too."""
+def test_rule_offers_the_factored_sketch_first_in_metaschedule():
+    """On an x86 tune context the MetaSchedule rule's first sketch is the factored one (the q4_gemv
+    intrinsic, as ``untuned`` schedules it), the scheduled sketches after it; elsewhere only those."""
     from tvm.s_tir import meta_schedule as ms
 
     rule = DequantGEMV()
     rule._initialize_with_tune_context(ms.TuneContext(_main(_gemv_q4_small), target=AVX2))
     sch = Schedule(_main(_gemv_q4_small))
-    sketches = rule.apply(sch, sch.get_sblock("gemv"))
-    assert sketches and all("_rf_local" in s.mod["main"].script() for s in sketches)
+    first, *rest = rule.apply(sch, sch.get_sblock("gemv"))
+    assert "tvm_ext.q4_gemv" in str(first.trace) and rest
+    assert all("_rf_local" in s.mod["main"].script() for s in rest)
+    assert "_rf_local" not in first.mod["main"].script()
+    outs = []
+    for mod in (first.mod, untuned(_main(_gemv_q4_small), AVX2)):  # the same kernel untuned builds
+        args = [tvm.runtime.tensor(a) for a in random_arrays(_gemv_q4_small, 0)]
+        tvm.compile(mod, target=AVX2)["main"](*args)
+        outs.append(args[-1].numpy())
+    np.testing.assert_array_equal(*outs)
+    plain = DequantGEMV()
+    plain._initialize_with_tune_context(ms.TuneContext(_main(_gemv_q4_small), target=tvm.target.Target(
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu"})))
+    assert all("_rf_local" in s.mod["main"].script() for s in plain.apply(sch, sch.get_sblock("gemv")))
 
 
 @needs_avx2
@@ -441,7 +452,7 @@ def test_space_candidates_match_numpy(gemvs, projection):
                               postprocs=list(ctx.space_generator.postprocs))
     assert len(cands) == 2
     for cand in cands:
-        assert "_rf_local" in cand.mod["main"].script()
+        assert "_rf_local" in cand.mod["main"].script() or "tvm_ext.q4_gemv" in str(cand.trace)
         _check(kernel, cand.mod)
 
 
