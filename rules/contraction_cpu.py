@@ -40,7 +40,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import collect, is_param, root_child_blocks, schedule_each
+from tvm_ext.tir_utils import collect, is_param, one_candidate, root_child_blocks, schedule_each, working_func
 
 LANES = 8  # float32 lanes of one AVX2 register
 SKIP = ("schedule_rule", "None")
@@ -244,16 +244,10 @@ class ContractionCPU(PyScheduleRule):
         pass
 
     def apply(self, sch, block):
-        func = sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]
-        form = _form(func)
+        form = _form(working_func(sch))
         if form is None:
             return [sch]
-        cand = sch.copy()
-        try:
-            schedule(cand, form, sample=True, annotate=True)
-        except ScheduleError:
-            return [sch]
-        return [cand]
+        return one_candidate(sch, lambda cand: schedule(cand, form, sample=True, annotate=True))
 
     def clone(self):
         return ContractionCPU()

@@ -29,7 +29,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import is_param, root_child_blocks, schedule_each
+from tvm_ext.tir_utils import is_param, one_candidate, root_child_blocks, schedule_each, working_func
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
 SKIP = ("schedule_rule", "None")
@@ -135,17 +135,10 @@ class RowNormCPU(PyScheduleRule):
         pass
 
     def apply(self, sch, block):
-        name = sch.get(block).name_hint
-        func = sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]
-        plan = _plan(func)
-        if plan is None or name not in (plan[0], *plan[1]):
+        plan = _plan(working_func(sch))
+        if plan is None or sch.get(block).name_hint not in (plan[0], *plan[1]):
             return [sch]
-        cand = sch.copy()
-        try:
-            schedule(cand, plan, sample=True, annotate=True)
-        except ScheduleError:
-            return [sch]
-        return [cand]
+        return one_candidate(sch, lambda cand: schedule(cand, plan, sample=True, annotate=True))
 
     def clone(self):
         return RowNormCPU()

@@ -104,3 +104,22 @@ def dtype_bytes(dtype) -> int:
 
 def dtype_lanes(dtype) -> int:
     return tvm.DataType(str(dtype)).lanes
+
+
+def working_func(sch) -> tirx.PrimFunc:
+    """The PrimFunc a (MetaSchedule) Schedule works on, as it is now."""
+    return sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]
+
+
+def one_candidate(sch, schedule_fn) -> list:
+    """A rule's answer with one sketch: ``[copy]`` with ``schedule_fn(copy)`` applied, or ``[sch]``
+    unchanged where it raises ScheduleError (the other rules then see the block as it was)."""
+    from tvm.s_tir.schedule import ScheduleError  # pylint: disable=import-outside-toplevel
+
+    cand = sch.copy()
+    try:
+        schedule_fn(cand)
+    except ScheduleError:
+        return [sch]
+    return [cand]
+
