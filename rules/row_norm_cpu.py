@@ -1,10 +1,11 @@
-"""Row normalizations on CPU (LayerNorm as Relax legalizes it): each row statistic once.
+"""Row normalizations on CPU (LayerNorm, softmax): each row statistic once, at its row.
 
 Pattern (by structure, never by name): a PrimFunc whose last block writes the output over
 ``rows x D`` (all axes spatial) and whose other blocks each write one value per row (a buffer
-shaped like the rows): reductions over the rows' trailing axis (``x_sum``, ``x_var_sum``) and
-per-row scalars (``x_mean``).  Relax's ``nn.layer_norm`` over the last axis legalizes to exactly
-that; softmax does not match (its ``exp`` block writes a whole ``rows x D`` intermediate).
+shaped like the rows) -- reductions over the rows' trailing axis (``x_sum``, ``x_var_sum``) and
+per-row scalars (``x_mean``) -- or an elementwise ``rows x D`` intermediate (softmax's ``exp``),
+with at least one reduction.  Relax's ``nn.layer_norm`` and ``nn.softmax`` over the last axis
+legalize to that, and so does Phi-2's own softmax (``fast_exp``, ``workloads.phi2.layers``).
 
 Why: dlight's CPU Reduction rule computes the row statistics at the output's inner loop, so
 each of Phi-2's 2560 outputs recomputes both reductions over the 2560 inputs: 7 ms per decode
@@ -12,7 +13,7 @@ LayerNorm, 40 % of a decode step with DequantGEMV, where the unscheduled kernel 
 (``tvm-ext generate``, docs/journal.md).  This schedule keeps the unscheduled kernel's
 order -- each statistic computed once per row, before that row's outputs -- with the rows
 fused and parallel when there are several (prefill), each statistic computed at its row, and
-the output's trailing axis vectorized.  The reductions stay serial, in the order of the
+the output's trailing axis (and an intermediate's) vectorized.  The reductions stay serial, in the order of the
 unscheduled kernel (a float sum reassociated would change the result's last bits).
 
 Used untuned (``untuned(mod, target)``, like dlight) by the Phi-2 ``rule`` schedules, and as a
@@ -61,9 +62,11 @@ def _plan(func) -> Optional[tuple]:
     for block in stats:
         if len(block.writes) != 1 or is_param(func, block.writes[0].source):
             return None
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        if _shape(block.writes[0].source) == out_shape and kinds == [0] * len(out_shape):
+            continue  # an elementwise intermediate over the rows (softmax's exp): computed at its row too
         if _shape(block.writes[0].source) != rows:
             return None
-        kinds = [iv.iter_type for iv in block.iter_vars]
         if kinds[:len(rows)] != [0] * len(rows) or len(kinds) > len(rows) + 1:
             return None
         if len(kinds) == len(rows) + 1:
@@ -91,6 +94,10 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
         if sample and len(widths) > 1:
             lanes = sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths), decision=0)
         sch.vectorize(sch.split(inner, [None, lanes])[1])
+        for stat in stat_names:  # the elementwise intermediates: their row vectorized as the output's
+            stmt = sch.get(sch.get_sblock(stat))
+            if all(int(iv.iter_type) == 0 for iv in stmt.iter_vars) and len(stmt.iter_vars) == len(rows) + 1:
+                sch.vectorize(sch.split(sch.get_loops(sch.get_sblock(stat))[-1], [None, lanes])[1])
     total_rows = 1
     for extent in rows:
         total_rows *= extent

@@ -167,16 +167,16 @@ def test_rule_schedules_gemv_layer_norm_attention_and_dlight_the_rest(model):
     mod, used = phi2_e2e.schedule(model.mod, resolve_target("llvm"), "rule")
     labels = phi2_e2e.kernel_labels(model.mod)
     assert {n for n, how in used.items() if how == "dequant_gemv"} == set(labels) - {"embed_lookup"}
-    # LayerNorm by our row-normalization schedule (dlight's CPU Reduction recomputes its
-    # statistics per output), attention by our contraction schedule; softmax still by dlight
-    assert used["layer_norm"] == "row_norm_cpu" and used["softmax"] == "Reduction" and "kv_write" not in used
+    # LayerNorm and softmax by our row-normalization schedule (dlight's CPU Reduction recomputes
+    # LayerNorm's statistics per output), attention by our contraction schedule
+    assert used["layer_norm"] == used["softmax"] == "row_norm_cpu" and "kv_write" not in used
     assert used["attn_score"] == used["attn_value"] == "contraction_cpu"
     for name in labels:
         if name != "embed_lookup":
             assert not tvm_ffi.structural_equal(mod[name], model.mod[name])
 
 
-def test_tuned_takes_database_records_and_dlight_elsewhere(model, tmp_path):
+def test_tuned_takes_database_records_and_our_rules_elsewhere(model, tmp_path):
     from tvm_ext.bench.phi2 import kernels as pk
     from tvm_ext.targets import resolve_target
     from tvm_ext.tune.kernels import kernel_database
@@ -188,7 +188,7 @@ def test_tuned_takes_database_records_and_dlight_elsewhere(model, tmp_path):
     seed_database(kernel_database(str(tmp_path)), {"layer_norm": m}, {"layer_norm": ("none", None)},
                   target, {"layer_norm": 1e-3})
     mod, used = phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path))
-    assert used["layer_norm"] == "tuned" and used["softmax"] == "Reduction"
+    assert used["layer_norm"] == "tuned" and used["softmax"] == "row_norm_cpu" and used["rope"] == "none"
     tvm.ir.assert_structural_equal(mod["layer_norm"].body, model.mod["layer_norm"].body)
     with pytest.raises(ValueError, match="no tuning database"):
         phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path / "missing"))

@@ -19,7 +19,7 @@ def kernels():
 
 
 def _layer_norms(ks):
-    return [k for k in ks if row_norm_cpu.matches(k.func)]
+    return [k for k in ks if row_norm_cpu.matches(k.func) and "layer_norm" in k.name]
 
 
 def _layer_norm_reference(x, g, b, eps):
@@ -31,8 +31,9 @@ def _layer_norm_reference(x, g, b, eps):
 @pytest.mark.parametrize("which", ["decode", "prefill"])
 def test_layer_norm_matches_numpy(kernels, which):
     ks = kernels[which]
+    found = [k for k in ks if row_norm_cpu.matches(k.func)]
+    assert {k.name.rstrip("0123456789") for k in found} == {"layer_norm", "softmax"}  # what matches
     found = _layer_norms(ks)
-    assert found and all("layer_norm" in k.name for k in found)  # what matches is the LayerNorm
     kernel = found[0]
     mod = row_norm_cpu.untuned(as_main(kernel.func), None)
     ex = tvm.compile(mod, target="llvm")
@@ -68,14 +69,48 @@ def test_statistics_are_computed_once_per_row(kernels):
 
 
 def test_other_kernels_are_left_alone(kernels):
-    """Softmax (a whole rows x D intermediate), the GEMVs, attention, rope: not matched, and
-    ``untuned`` returns them unchanged."""
-    others = [k for k in kernels["decode"] + kernels["prefill"] if "layer_norm" not in k.name]
-    assert any("softmax" in k.name for k in others)
+    """The GEMVs, attention, rope: not matched, and ``untuned`` returns them unchanged."""
+    others = [k for k in kernels["decode"] + kernels["prefill"]
+              if "layer_norm" not in k.name and "softmax" not in k.name]
+    assert any("attn" in k.name for k in others)
     for kernel in others:
         mod = as_main(kernel.func)
         assert not row_norm_cpu.matches(kernel.func), kernel.name
         tvm.ir.assert_structural_equal(row_norm_cpu.untuned(mod, None), mod)
+
+
+@pytest.mark.parametrize("which", ["decode", "prefill"])
+def test_softmax_rows(kernels, which):
+    """Phi-2's softmax (fast_exp, an elementwise rows x D intermediate) and Relax's legalized one: each
+    computed row by row (the exp at the row, vectorized like the output), against NumPy."""
+    theirs = _softmax_module((1, 4, 3, 48))["softmax"]
+    for func in (next(k.func for k in kernels[which] if "softmax" in k.name), theirs):
+        mod = row_norm_cpu.untuned(as_main(func), None)
+        d = int(func.params[0].shape[-1])
+        assert row_norm_cpu.matches(func) and ("vectorized" in mod["main"].script()) == (d % 4 == 0), d
+        rng = np.random.default_rng(2)
+        arrays = [rng.standard_normal([int(s) for s in p.shape]).astype("float32") * 4 for p in func.params]
+        arrays[0].reshape(-1)[::7] = float(np.finfo("float32").min)  # masked positions: exactly 0 out
+        args = [tvm.runtime.tensor(a) for a in arrays]
+        tvm.compile(mod, target="llvm")["main"](*args)
+        x = arrays[0].astype("float64")
+        want = np.exp(x - x.max(-1, keepdims=True))
+        want /= want.sum(-1, keepdims=True)
+        np.testing.assert_allclose(args[-1].numpy(), want, rtol=1e-5, atol=1e-7)
+
+
+def _softmax_module(shape):
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.softmax(x, axis=-1)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    name = next(gv.name_hint for gv, f in mod.functions_items() if "softmax" in gv.name_hint)
+    return tvm.IRModule({"softmax": mod[name]})
 
 
 @pytest.mark.parametrize("which", ["decode", "prefill"])
