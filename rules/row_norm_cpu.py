@@ -136,7 +136,7 @@ def matches(func) -> bool:
 @derived_object
 class RowNormCPU(PyScheduleRule):
     """Schedule rule: a row normalization (module doc) scheduled as ``untuned`` does, the vector width
-    a sampled decision; every other function passes."""
+    a sampled decision, added beside MetaSchedule's own sketches; every other function passes."""
 
     def _initialize_with_tune_context(self, context) -> None:
         pass

@@ -145,9 +145,10 @@ def phi2_reduced_kernels() -> dict:
             "prefill": phi2.kernels(phi2.build_prefill(tokens=16, config="reduced", fusion=True)).kernels}
 
 
-def ours_in_space(func, target="llvm"):
+def ours_in_space(func, target="llvm", mine_only=True):
     """The design-space candidates of ``tvm_ext.space`` for ``func`` that one of our whole-function
-    rules made (their traces mark the blocks ``schedule_rule: "None"`` for the other rules)."""
+    rules made (their traces mark the blocks ``schedule_rule: "None"`` for the other rules); all of
+    them with ``mine_only=False``."""
     from tvm.s_tir import meta_schedule as ms
 
     import tvm_ext
@@ -155,4 +156,4 @@ def ours_in_space(func, target="llvm"):
 
     target = tvm.target.Target(dict(resolve_target(target).export(), **{"num-cores": 2}))
     ctx = ms.TuneContext(mod=as_main(func), target=target, space_generator=tvm_ext.space(target), task_name="t")
-    return [s for s in ctx.generate_design_space() if 'ann_val="None"' in str(s.trace)]
+    return [s for s in ctx.generate_design_space() if 'ann_val="None"' in str(s.trace) or not mine_only]

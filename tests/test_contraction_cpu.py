@@ -54,12 +54,13 @@ def test_other_kernels_are_left_alone(kernels):
 
 @pytest.mark.parametrize("which", ["decode", "prefill"])
 def test_the_rule_in_the_plugin_space(kernels, which):
-    """ContractionCPU in tvm_ext.space: one candidate per attention kernel, this schedule (the one-query
-    axpy form's chunk a sampled decision, first draw the untuned one), computing the kernel's result."""
+    """ContractionCPU in tvm_ext.space: this schedule (the one-query axpy form's chunk a sampled decision,
+    first draw the untuned one) among the candidates, beside MetaSchedule's own, computing the kernel's
+    result."""
     for name in ("attn_score", "attn_value"):
         func = next(k.func for k in kernels[which] if k.name == name)
-        (cand,) = ours_in_space(func)
-        sampled = "sample_categorical" in str(cand.trace)
-        assert sampled == (which == "decode" and name == "attn_value"), (which, name)
+        ours = ours_in_space(func)
+        assert ours and len(ours) < len(ours_in_space(func, mine_only=False))
         want = _run(contraction_cpu.untuned(as_main(func)), func)
-        np.testing.assert_allclose(_run(cand.mod, func), want, rtol=1e-5, atol=1e-5)
+        for cand in ours:
+            np.testing.assert_allclose(_run(cand.mod, func), want, rtol=1e-5, atol=1e-5)

@@ -112,8 +112,9 @@ def working_func(sch) -> tirx.PrimFunc:
 
 
 def one_candidate(sch, schedule_fn) -> list:
-    """A rule's answer with one sketch: ``[copy]`` with ``schedule_fn(copy)`` applied, or ``[sch]``
-    unchanged where it raises ScheduleError (the other rules then see the block as it was)."""
+    """A rule's answer that adds one sketch beside the others: ``[copy, sch]`` with ``schedule_fn(copy)``
+    applied to the copy (its blocks marked for the other rules to skip) and ``sch`` unchanged for the
+    other rules' sketches, or ``[sch]`` where it raises ScheduleError."""
     from tvm.s_tir.schedule import ScheduleError  # pylint: disable=import-outside-toplevel
 
     cand = sch.copy()
@@ -121,5 +122,5 @@ def one_candidate(sch, schedule_fn) -> list:
         schedule_fn(cand)
     except ScheduleError:
         return [sch]
-    return [cand]
+    return [cand, sch]
 
