@@ -40,7 +40,8 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import collect, is_param, one_candidate, root_child_blocks, schedule_each, working_func
+from tvm_ext.tir_utils import (collect, is_param, one_candidate, root_child_blocks, sample_choice, schedule_each,
+                               working_func)
 
 LANES = 8  # float32 lanes of one AVX2 register
 SKIP = ("schedule_rule", "None")
@@ -213,10 +214,7 @@ def _axpy(sch, block, spatial, red, sample: bool = False) -> None:
     *rows, last = spatial
     extent = int(sch.get(last).extent)
     sizes = [c for c in CHUNKS if extent % c == 0]
-    size = sizes[0]
-    if sample and len(sizes) > 1:
-        size = sch.sample_categorical(sizes, [1.0 / len(sizes)] * len(sizes), decision=0)
-    chunk, inner = sch.split(last, [None, size])
+    chunk, inner = sch.split(last, [None, sample_choice(sch, sizes, sizes[0], sample and len(sizes) > 1)])
     outer = sch.fuse(*rows, chunk) if rows else chunk
     sch.parallel(outer)
     sch.reorder(red, inner)

@@ -56,7 +56,7 @@ from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.gemv_pattern import GemvPattern, match, match_func
-from tvm_ext.tir_utils import schedule_each
+from tvm_ext.tir_utils import sample_choice, schedule_each
 
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
 # change the loop count of the lane-sum block between draws, which a trace replay cannot follow
@@ -82,16 +82,6 @@ def split_candidates(pattern: GemvPattern) -> list:
     return [c for c in SPLITS if (pattern.k // pattern.group) % c == 0]
 
 
-def _sample(sch, candidates, default, sample: bool):
-    """A decision over ``candidates``: sampled (uniform) when ``sample``, else ``default``'s
-    (the nearest candidate not above it)."""
-    fixed = max([c for c in candidates if c <= default] or candidates[:1])
-    if not sample:
-        return fixed
-    return sch.sample_categorical(candidates, [1.0 / len(candidates)] * len(candidates),
-                                  decision=candidates.index(fixed))
-
-
 def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annotate: bool = False,
                   split_k: bool = False):
     """Schedule the matched function in place (see module doc); returns the block whose
@@ -100,9 +90,9 @@ def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annota
     ``block``: the GEMV block of ``sch``. ``sample``: rows/sums(/splits) as sampled decisions
     (a MetaSchedule design space) instead of the defaults. ``annotate``: mark the blocks done.
     ``split_k``: also split K into parallel chunks (for small N, see ``wants_split_k``)."""
-    rows = _sample(sch, row_candidates(pattern), DEFAULT_ROWS, sample)
-    sums = _sample(sch, sum_candidates(pattern), DEFAULT_SUMS, sample)
-    splits = _sample(sch, split_candidates(pattern), DEFAULT_SPLITS, sample) if split_k else None
+    rows = sample_choice(sch, row_candidates(pattern), DEFAULT_ROWS, sample)
+    sums = sample_choice(sch, sum_candidates(pattern), DEFAULT_SUMS, sample)
+    splits = sample_choice(sch, split_candidates(pattern), DEFAULT_SPLITS, sample) if split_k else None
     if pattern.dequantize is not None:
         sch.compute_inline(sch.get_sblock(pattern.dequantize))
     for name in pattern.epilogues[:-1]:

@@ -30,7 +30,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import is_param, one_candidate, root_child_blocks, schedule_each, working_func
+from tvm_ext.tir_utils import is_param, one_candidate, sample_choice, root_child_blocks, schedule_each, working_func
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
 SKIP = ("schedule_rule", "None")
@@ -90,9 +90,7 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
         sch.compute_at(sch.get_sblock(stat), row, preserve_unit_loops=True)
     widths = [n for n in VECTOR_LANES if d % n == 0]
     if widths:
-        lanes = widths[0]
-        if sample and len(widths) > 1:
-            lanes = sch.sample_categorical(widths, [1.0 / len(widths)] * len(widths), decision=0)
+        lanes = sample_choice(sch, widths, widths[0], sample and len(widths) > 1)
         sch.vectorize(sch.split(inner, [None, lanes])[1])
         for stat in stat_names:  # the elementwise intermediates: their row vectorized as the output's
             stmt = sch.get(sch.get_sblock(stat))

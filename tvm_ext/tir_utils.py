@@ -106,6 +106,16 @@ def dtype_lanes(dtype) -> int:
     return tvm.DataType(str(dtype)).lanes
 
 
+def sample_choice(sch, candidates, default, sample: bool):
+    """A rule's decision over ``candidates``: sampled (uniform) when ``sample``, else ``default``'s (the
+    nearest candidate not above it, which is also the sampled decision's first draw)."""
+    fixed = max([c for c in candidates if c <= default] or candidates[:1])
+    if not sample:
+        return fixed
+    return sch.sample_categorical(candidates, [1.0 / len(candidates)] * len(candidates),
+                                  decision=candidates.index(fixed))
+
+
 def working_func(sch) -> tirx.PrimFunc:
     """The PrimFunc a (MetaSchedule) Schedule works on, as it is now."""
     return sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]
