@@ -15,11 +15,11 @@ tvm = pytest.importorskip("tvm")
 
 from tvm_ext.bench.phi2.decode import decoder, schedule  # noqa: E402
 from tvm_ext.cli.main import main  # noqa: E402
-from tvm_ext.rules.q4_int8_gemm import supported  # noqa: E402
+from tvm_ext.intrinsics.q4_vnni import form_for  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
 from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
 
-needs_vnni = pytest.mark.skipif(not supported(resolve_target("llvm")),
+needs_vnni = pytest.mark.skipif(form_for(resolve_target("llvm")) != "avx512vnni",
                                 reason="this host has no AVX-512 VNNI (the prefill GEMM's instructions)")
 PROMPT = [3, 900, 17, 17, 250, 4, 1000, 42]
 

@@ -196,10 +196,11 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
                              "max_abs_logit_err": float(np.max(np.abs(r["first_logits"] - flogits[0]))),
                              "max_abs_logit": float(np.max(np.abs(flogits[0]))),
                              "top1_same": int(np.argmax(r["first_logits"])) == int(np.argmax(flogits[0]))}
-    from tvm_ext.rules.q4_int8_gemm import supported
+    from tvm_ext.intrinsics.q4_vnni import form_for
     from tvm_ext.targets import resolve_target
 
-    out["vnni_peak_tops"] = vnni_peak(threads) / 1e12 if supported(resolve_target(target)) else None
+    # the peak's 512-bit vpdpbusd: only where the GEMM's form is AVX-512 VNNI (not AVX-VNNI, AVX2)
+    out["vnni_peak_tops"] = vnni_peak(threads) / 1e12 if form_for(resolve_target(target)) == "avx512vnni" else None
     for r in rows:
         r.pop("first_logits")
     return out
