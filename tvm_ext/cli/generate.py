@@ -71,11 +71,11 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     import json
-    import os
 
     from tvm_ext.bench.phi2.decode import decode_e2e_rows
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.cli.generate_prompt import int8_database, run_prompt
+    from tvm_ext.jsonio import write_json
 
     if args.prompt:
         return run_prompt(args)
@@ -98,31 +98,30 @@ def run(args) -> int:
         from tvm_ext.bench.phi2 import llama_cpp as lc
         from tvm_ext.targets import physical_cores
 
-        prepared = lc.prepare_peer(log=quiet)
-        threads = args.threads or physical_cores()
+        from tvm_ext.workloads.phi2.model import DEFAULT_LAYERS
+
+        # the same model shape as our rows (--config, --layers)
+        prepared = lc.prepare_peer(log=quiet, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
+        work = dict(prompts=(), threads=args.threads or physical_cores(), repetitions=1,
+                    decode=(args.tokens, args.context))
         peer_rows = []
 
         def peer():
-            peer_rows.extend(lc.run_llama_bench(prepared["bench"], prepared["gguf"], (), threads, 1, log=quiet,
-                                                decode=(args.tokens, args.context)))
+            peer_rows.extend(lc.run_llama_bench(prepared["bench"], prepared["gguf"], log=quiet, **work))
             return peer_rows[-1]["tok_s"]
 
-        record = lambda: lc.peer_record(prepared, lc.bench_command(  # noqa: E731
-            prepared["bench"], prepared["gguf"], (), threads, 1, (args.tokens, args.context)), peer_rows)
+        record = lc.peer_record(prepared, lc.bench_command(prepared["bench"], prepared["gguf"], **work), peer_rows)
     rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                            context=args.context, threads=args.threads, seed=args.seed,
                            database=int8_database(args), tune_trials=args.tune, rounds=args.rounds, peer=peer,
                            log=quiet)
-    if record is not None:
+    if record is not None:  # peer_rows, filled round by round, are the record's rows
         for r in rows:
-            r["peers"] = [record()]
-    text = json.dumps(rows[0] if len(rows) == 1 else rows)
+            r["peers"] = [record]
+    doc = rows[0] if len(rows) == 1 else rows
     if args.out:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-        os.replace(tmp, args.out)
-    print(text if args.json else format_table(rows))
+        write_json(args.out, doc)
+    print(json.dumps(doc) if args.json else format_table(rows))
     return 0
 
 

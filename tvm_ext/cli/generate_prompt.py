@@ -47,7 +47,8 @@ def run_prompt(args, note: str | None = None) -> int:
     if "llama.cpp" in peers:
         from tvm_ext.bench.phi2.llama_cpp import prefill_peer
 
-        out["peers"] = [prefill_peer(prompts=(args.prompt,), threads=out["threads"], log=quiet)]
+        out["peers"] = [prefill_peer(prompts=(args.prompt,), threads=out["threads"], log=quiet, config=out["config"],
+                                     layers=out["layers"])]
     if args.out:
         write_json(args.out, out)
     print(json.dumps(out) if args.json else format_prompt_table(out))

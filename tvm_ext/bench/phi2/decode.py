@@ -198,19 +198,18 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         weights = weights or dec
         decs.append((how, dec))
     runs = {how: [] for how in schedules}
-    per_round, peer_s = [], []  # (bandwidth before, after) of each round; the peer's tok/s in it
+    edges, peer_s = [bandwidth()], []  # the copy bandwidth between rounds; the peer's tok/s in each
     for rnd in range(rounds):  # rows interleaved round by round: a shared host's bandwidth drifts by the minute
-        before = bandwidth()
         for how, dec in decs:
             log(f"round {rnd + 1}/{rounds}: {how}")
             runs[how].append(_timed_decode(dec, tokens, context, seed, log))
         if peer is not None:
             peer_s.append(peer())
-        per_round.append((before, bandwidth()))
-        samples += per_round[-1]
+        edges.append(bandwidth())
+    samples += edges
     # each round's bound: the fastest copy just before and after it (a loaded machine only makes a copy
     # slower); a row's share of the bound is its median round's, in that round's bound
-    round_bound = [max(max(b), max(a)) * 1e9 / (weight_bytes + kv_bytes) for b, a in per_round]
+    round_bound = [max(*edges[r], *edges[r + 1]) * 1e9 / (weight_bytes + kv_bytes) for r in range(rounds)]
     for how, dec in decs:
         secs = [r[0] for r in runs[how]]
         _, ids, logits = runs[how][0]

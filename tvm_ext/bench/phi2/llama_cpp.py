@@ -339,10 +339,10 @@ def peer_record(prepared: dict, command: list, rows: list) -> dict:
 
 
 def prefill_peer(cache_dir=None, prompts=(128, 512), threads=2, log=print, config="full", seed=0, layers=32,
-                 repetitions=3, decode=None) -> dict:
-    """llama.cpp's Phi-2 Q4_0 prefill tokens/s on this host (``decode`` = (tokens, context): its decode
-    tokens/s after that many cached positions instead): builds (or reuses) llama-bench and the GGUF."""
+                 repetitions=3) -> dict:
+    """llama.cpp's Phi-2 Q4_0 prefill tokens/s on this host: builds (or reuses) llama-bench and the GGUF
+    (its decode: ``prepare_peer`` and ``run_llama_bench(..., decode=...)``, as ``tvm-ext generate`` does)."""
     prepared = prepare_peer(cache_dir, log, config, seed, layers)
-    rows = run_llama_bench(prepared["bench"], prepared["gguf"], prompts, threads, repetitions, log=log, decode=decode)
-    return peer_record(prepared, bench_command(prepared["bench"], prepared["gguf"], prompts, threads, repetitions,
-                                               decode), rows)
+    command = bench_command(prepared["bench"], prepared["gguf"], prompts, threads, repetitions)
+    return peer_record(prepared, command, run_llama_bench(prepared["bench"], prepared["gguf"], prompts, threads,
+                                                          repetitions, log=log))
