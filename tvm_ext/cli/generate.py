@@ -129,7 +129,7 @@ def format_table(rows, top: int = 6) -> str:
     """One column per schedule: tokens/s, the bound, % of it; then each one's top kernels."""
     import numpy as np
 
-    from tvm_ext.cli.table import render
+    from tvm_ext.cli.table import fmt, render
 
     d = rows[0]
     head = (f"phi2 decode, {d['config']}: {d['layers']} layers, {d['tokens']} tokens after {d['context']} past "
@@ -139,7 +139,7 @@ def format_table(rows, top: int = 6) -> str:
         ["tokens/s"] + [f"{r['tok_s']:.2f}" for r in rows],
         ["bound tokens/s"] + [f"{r['bound_tok_s']:.2f}" for r in rows],
         ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows],
-        ["% of its round's bound"] + [_pct(r.get("of_bound")) for r in rows],
+        ["% of its round's bound"] + [fmt(100 * r["of_bound"] if "of_bound" in r else None, ".1f") for r in rows],
         ["rounds' tok/s"] + [" ".join(f"{t:.1f}" for t in r.get("tok_s_rounds", [])) for r in rows]])
     lines = [head, table]
     for peer in d.get("peers", []):
@@ -159,8 +159,4 @@ def format_table(rows, top: int = 6) -> str:
         lines += ["", f"{r['schedule']}: kernels by share of one step",
                   render(["kernel", "name", "%"], kernels, "<<>")]
     return "\n".join(lines)
-
-
-def _pct(value) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
 

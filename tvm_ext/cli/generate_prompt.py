@@ -56,7 +56,7 @@ def run_prompt(args, note: str | None = None) -> int:
 
 
 def format_prompt_table(d, top: int = 6) -> str:
-    from tvm_ext.cli.table import render
+    from tvm_ext.cli.table import fmt, render
 
     host = d["device"]
     rows = d["rows"]
@@ -68,7 +68,7 @@ def format_prompt_table(d, top: int = 6) -> str:
     lines = [head, render([""] + [r["schedule"] for r in rows] + [p for p, _ in peer_rows], [
         ["prompt tok/s"] + [f"{r['tok_s']:.1f}" for r in rows] + [f"{r['tok_s']:.1f}" for _, r in peer_rows],
         ["first token after (s)"] + [f"{r['ttft_s']:.2f}" for r in rows] + ["" for _ in peer_rows],
-        ["decode tok/s after"] + [_f(r["decode_tok_s"], ".2f") for r in rows] + ["" for _ in peer_rows],
+        ["decode tok/s after"] + [fmt(r["decode_tok_s"], ".2f") for r in rows] + ["" for _ in peer_rows],
         ["first token = float path's"] + [_yes(r.get("vs_float", {}).get("first_token_same")) for r in rows]
         + ["" for _ in peer_rows]])]
     for name, r in peer_rows:
@@ -103,6 +103,3 @@ def format_prompt_table(d, top: int = 6) -> str:
 def _yes(v) -> str:
     return "" if v is None else ("yes" if v else "NO")
 
-
-def _f(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)

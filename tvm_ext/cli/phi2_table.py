@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 from tvm_ext.bench.phi2.layer_bench import SCHEDULES, projection_table, row
-from tvm_ext.cli.table import render
+from tvm_ext.cli.table import fmt, render
 
 NAME_WIDTH = 44
 SHORT = {"dlight": "dlight", "metaschedule": "ms", "seeded": "seeded", "rule": "rule"}
-
-
-def _f(value, spec: str):
-    return None if value is None else format(value, spec)
 
 
 def _device(res: dict) -> str:
@@ -43,8 +39,8 @@ def format_table(res: dict) -> str:
              f"copy bandwidth {res['bandwidth_gbs']:.1f} GB/s"
              + (f", LLC {llc / 2**20:.0f} MiB: {_dram_method(res)} (DRAM figures)" if llc else "")]
     body = [[r["fusion"], r["schedule"], f"{r['layer_ms']:.3f}", f"{r['bound_layer_ms']:.3f}",
-             f"{r['layer_ms'] / r['bound_layer_ms']:.2f}", _f(r.get("vs_dlight_off"), ".2f"),
-             _f(r["head_ms"], ".3f"), _f(r["tok_s"], ".2f")] for r in res["rows"]]
+             f"{r['layer_ms'] / r['bound_layer_ms']:.2f}", fmt(r.get("vs_dlight_off"), ".2f"),
+             fmt(r["head_ms"], ".3f"), fmt(r["tok_s"], ".2f")] for r in res["rows"]]
     lines.append(render(["fusion", "schedule", "layer ms", "bound ms", "x bound", "vs dl-off", "head ms",
                          "tok/s(32L)"], body, "<<>>>>>>"))
     lines += ["", "per kernel (ms per layer, DRAM; bound = bytes moved / copy bandwidth; hot = dlight cache-hot; "
@@ -57,7 +53,7 @@ def format_table(res: dict) -> str:
         for i, k in enumerate(rs["dlight"]["kernels"]):
             others = [rs[s]["kernels"][i] for s in later]
             body.append([k["name"][:NAME_WIDTH], k["calls"], k.get("copies"), f"{k['bound_ms']:.3f}",
-                         _f(k.get("ms_cache_hot"), ".3f"), f"{k['ms']:.3f}"] + [f"{o['ms']:.3f}" for o in others]
+                         fmt(k.get("ms_cache_hot"), ".3f"), f"{k['ms']:.3f}"] + [f"{o['ms']:.3f}" for o in others]
                         + [k["rule"]] + [rs[s]["kernels"][i].get("trials_to_beat_dlight") for s in tuned])
         header = (["kernel", "calls", "C", "bound", "hot", "dlight"] + [SHORT.get(s, s) for s in later] + ["dl rule"]
                   + [f"beat@{SHORT.get(s, s)}" for s in tuned])
@@ -74,9 +70,9 @@ def format_table(res: dict) -> str:
     lines.append(f"targets: best fused ({t['best_fused']}) = {t['best_fused_vs_bound']:.2f}x bound "
                  "(<=1.5, stretch 1.2); "
                  f"fused/unfused for best kind ({t['best_kind']}) = {t['fused_over_unfused_best_kind']:.2f} (<=1); "
-                 f"metaschedule/dlight fused = {_f(t['ms_over_dlight_fused'], '.2f')} (<=1); "
-                 f"seeded worst kernel/dlight = {_f(t['seeded_worst_kernel_vs_dlight'], '.2f')} (<=1); "
-                 f"torch-bf16/best fused = {_f(t['torch_bf16_over_best_fused'], '.2f')} (>=3)")
+                 f"metaschedule/dlight fused = {fmt(t['ms_over_dlight_fused'], '.2f')} (<=1); "
+                 f"seeded worst kernel/dlight = {fmt(t['seeded_worst_kernel_vs_dlight'], '.2f')} (<=1); "
+                 f"torch-bf16/best fused = {fmt(t['torch_bf16_over_best_fused'], '.2f')} (>=3)")
     for proj, p in t.get("projections", {}).items():
         line = f"  {proj}: best {p['best']} = {p['vs_bound']:.2f}x bound (<=1.5)"
         if p["vs_ort_acc0"] is not None:  # ORT only with --peers ort
@@ -104,8 +100,8 @@ def _projection_lines(res: dict) -> list:
         if body:
             body.append(None)
         for name, ms, bound in entries:
-            body.append([proj, name, f"{ms:.3f}", _f(bound, ".3f"), _f(ms / bound if bound else None, ".2f"),
-                         _f(ms / ort if ort else None, ".2f"), _f(ms / acc4 if acc4 else None, ".2f")])
+            body.append([proj, name, f"{ms:.3f}", fmt(bound, ".3f"), fmt(ms / bound if bound else None, ".2f"),
+                         fmt(ms / ort if ort else None, ".2f"), fmt(ms / acc4 if acc4 else None, ".2f")])
     return ["per projection (ms per call, DRAM; bound = the fused q4 kernel's bytes / bandwidth, also for the "
             "unfused matmul, which reads float weights; a peer's bound counts its own bytes, fp32 scales):",
             render(["proj", "source", "ms", "bound", "x bound", "/ort-acc0", "/ort-acc4"], body, "<<>>>>>"), ""]

@@ -11,6 +11,11 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 
+def fmt(value, spec: str):
+    """``value`` formatted with ``spec``, None kept (``render`` shows it as "-")."""
+    return None if value is None else format(value, spec)
+
+
 def _cell(value) -> str:
     return "-" if value is None else str(value)
 
