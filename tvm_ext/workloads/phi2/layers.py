@@ -1,4 +1,4 @@
-"""Phi-2 decoder-layer pieces shared by the single-layer kernel workload (phi2.py) and the
+"""Phi-2 decoder-layer pieces shared by the single-layer kernel workload (kernels.py) and the
 whole-model decode (model.py): configs, the q4 weight format, TE kernels, the Relax
 layer / head builders and the NumPy float64 reference.
 
@@ -7,7 +7,7 @@ scale per group of ``GROUP`` input elements, value = (q - 7) * scale.  A weight 
 the dicts below is either a NumPy array (bound as a Relax constant) or a Relax Var (a
 function parameter): ``linear`` and ``emit_layer`` take both.
 
-A position (``past``) is a Python int (static, as phi2.py builds) or a (1,) int32 tensor
+A position (``past``) is a Python int (static, as kernels.py builds) or a (1,) int32 tensor
 holding it (model.py, one compiled layer for every position).
 """
 from __future__ import annotations

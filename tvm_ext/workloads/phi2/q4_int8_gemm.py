@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tvm_ext.intrinsics.q4_gemv import GROUP, ZERO_POINT  # the q4 weight format's (32 inputs a scale, q - 7)
+
 from .gelu import gelu_tanh_np, te_gelu_tanh
 
-GROUP = 32  # inputs per scale (activation and weight)
-ZERO_POINT = 7  # the q4 weights' zero point
 LANES = 16
 WORDS = GROUP // 8
 EPILOGUES = ("bias", "bias_gelu")
