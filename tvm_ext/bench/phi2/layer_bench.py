@@ -94,7 +94,8 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         mods.setdefault(k.name, normalize(k.func))
     dl = {name: dlight_schedule(m, target, build_validator(target)) for name, m in mods.items()}
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
-    ours = {n: rule_schedule(m, target) for n, m in mods.items()} if not is_gpu(target) else {n: None for n in mods}
+    wanted = not is_gpu(target) and bool({"rule", "seeded"} & set(schedules))  # the rows that start from them
+    ours = {n: rule_schedule(m, target) if wanted else None for n, m in mods.items()}
     # our rules' schedule where one applies (CPU), dlight's elsewhere: the "rule" row and the seeds
     start = {n: scheduled["dlight"][n] if ours[n] is None else ours[n][1].mod for n in mods}
     if "rule" in schedules:
