@@ -12,21 +12,26 @@ decide the form:
 * *axpy* -- an operand's innermost index follows the output's innermost spatial var, not the
   reduction (``value[c] = sum_r p[c // d, r] V[r, c // d, c % d]``; decided before the operands'
   sizes: with many queries the probabilities outgrow the values): the reduction moves outside the
-  output's innermost axis, which is split into parallel chunks and vectorized, so each step
-  adds one contiguous row of the operand into a vector of outputs.  With several queries
-  (prefill) the heads x d axis is split at d (no per-lane head index), each head's rows in strips
-  of one cache line, and ``QUERIES`` queries share each loaded strip.
+  output's innermost axis, which is vectorized, so each step adds one contiguous row of the
+  operand into a vector of outputs.  With one query (decode) the reduction is split into
+  ``PARTS`` parallel ranges and rfactored: each thread streams its rows of the operand in memory
+  order into its own row of partial outputs (10 KiB for Phi-2, in L1), added at the end; where no
+  part count divides the reduction, the output axis is split into parallel chunks instead.  With
+  several queries (prefill) the heads x d axis is split at d (no per-lane head index), each head's
+  rows in strips of one cache line, and ``QUERIES`` queries share each loaded strip.
 
 Why: dlight's CPU GEMV rule takes ``attn_score`` (2.7 ms a decode layer at 512 past positions)
 and nothing takes ``attn_value``, which then walks the KV cache column by column (3.4 ms); the
-cache is 5.2 MB per layer, 0.16 ms at this machine's bandwidth.  Other functions are left as they
-are (``matches`` is False), the dequantize-GEMVs are DequantGEMV's.
+cache is 5.2 MB per layer, 0.16 ms at this machine's bandwidth.  Decode ``attn_value`` with values
+cycled from DRAM (2-core Zen 4, 528 positions): output chunks of 256 (each task 1 KiB of every
+10 KiB row) 0.196 ms, the rows split in 2-16 parts 0.101-0.107 ms (49-53 GB/s, the copy's).
+Other functions are left as they are (``matches`` is False), the dequantize-GEMVs are DequantGEMV's.
 
 Prefill (512 queries over 528 positions, 2-core AVX-512 EPYC): attn_score 37 ms, attn_value 7.5 ms
 per layer (MetaSchedule, 32 trials: 16 and 9.4 ms).  Used untuned (``untuned(mod, target)``) by the
 Phi-2 ``rule`` schedules, as the first record of a tuning (``schedule_of``), and as a MetaSchedule
 rule (``ContractionCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule with the
-one-query axpy form's chunk sampled (256, 128 or 64 outputs where they divide the axis).
+one-query axpy form's part count sampled (16, 8, 4 or 2 where they divide the reduction).
 """
 from __future__ import annotations
 
@@ -45,9 +50,9 @@ from tvm_ext.tir_utils import (collect, is_param, one_candidate, root_child_bloc
 
 LANES = 8  # float32 lanes of one AVX2 register
 SKIP = ("schedule_rule", "None")
-CHUNKS = (256, 128, 64)  # outputs per parallel chunk in the axpy form, the largest that divides the axis:
-# Phi-2 decode attn_value (2560 outputs, values cycled from DRAM, 2-core Zen 4) 0.094 ms in chunks of 64,
-# 0.077 in chunks of 256 (each task walks 1 KiB of each value row instead of 256 bytes)
+PARTS = (16, 8, 4, 2)  # parallel ranges of the reduction in the one-query axpy form (those that divide
+# it; the first is the untuned one): one range per thread or more, each streamed in memory order
+CHUNKS = (256, 128, 64)  # outputs per parallel chunk where no part count divides the reduction
 
 
 def _uses(expr, var) -> bool:
@@ -116,14 +121,12 @@ def schedule(sch, form: str, sample: bool = False, annotate: bool = False) -> No
     (block,) = sch.get_child_blocks(sch.get_sblock("root"))
     *spatial, red = sch.get_loops(block)
     if form == "dot":
-        spatial = _in_memory_order(sch, block, spatial)
-        partial = _dot(sch, block, spatial, red)
-        blocks = [block, partial]
+        _dot(sch, block, _in_memory_order(sch, block, spatial), red)
     else:
         _axpy(sch, block, spatial, red, sample)
-        blocks = [block]
-    if annotate:
-        for blk in blocks + [sch.get_sblock("root")]:
+    if annotate:  # the blocks are the contraction's and, rfactored, its partial sums'
+        root = sch.get_sblock("root")
+        for blk in list(sch.get_child_blocks(root)) + [root]:
             sch.annotate(blk, *SKIP)
 
 
@@ -158,7 +161,7 @@ def _in_memory_order(sch, block, loops) -> list:
     return [loops[k] for k in order]
 
 
-def _dot(sch, block, spatial, red):
+def _dot(sch, block, spatial, red) -> None:
     outer = sch.fuse(*spatial)
     sch.parallel(outer)
     _ro, lanes = sch.split(red, [None, LANES])
@@ -170,7 +173,6 @@ def _dot(sch, block, spatial, red):
     sch.reorder(r_o, r_v)
     sch.vectorize(r_v)
     sch.decompose_reduction(partial, r_o)
-    return partial
 
 
 QUERIES = 4  # queries sharing each loaded row of the operand (several queries: prefill attention)
@@ -205,11 +207,43 @@ def _axpy_rows(sch, block, spatial, red, length: int) -> None:
     sch.decompose_reduction(block, red)
 
 
+def _axpy_parts(sch, block, red, length: int, parts: int) -> None:
+    """The one-query axpy form over rows of ``length`` (module doc): the reduction in ``parts``
+    parallel ranges, each accumulated in memory order into its own row of partial outputs."""
+    r_o, _r_i = sch.split(red, [parts, None])
+    partial = sch.rfactor(r_o, 0)
+    r_o, r_i, *_rows, last = _loops_first(sch, partial, 2)
+    _head, lane = sch.split(last, [None, length])
+    width = 2 * LANES if length % (2 * LANES) == 0 else LANES
+    _lane_o, lane_v = sch.split(lane, [None, width])
+    sch.parallel(r_o)
+    sch.vectorize(lane_v)
+    sch.decompose_reduction(partial, r_i)
+    # the final sum over the parts: a vector of outputs at a time, the parts inside
+    *rows, last, r_o = sch.get_loops(block)
+    out_o, out_v = sch.split(last, [None, width])
+    sch.reorder(*rows, out_o, r_o, out_v)
+    sch.vectorize(out_v)
+    sch.decompose_reduction(block, r_o)
+
+
+def _loops_first(sch, block, count: int) -> list:
+    """``block``'s loops with its last ``count`` moved outermost (in order)."""
+    loops = sch.get_loops(block)
+    order = loops[-count:] + loops[:-count]
+    sch.reorder(*order)
+    return order
+
+
 def _axpy(sch, block, spatial, red, sample: bool = False) -> None:
     length = _row_length(sch.get(block), sch.get(block).iter_vars[-2].var)
     queries = int(sch.get(spatial[-2]).extent) if len(spatial) > 1 else 1
     if length is not None and length % (2 * LANES) == 0 and queries > 1:
         _axpy_rows(sch, block, spatial, red, length)
+        return
+    parts = [p for p in PARTS if int(sch.get(red).extent) % p == 0]
+    if length is not None and length % LANES == 0 and queries == 1 and parts:
+        _axpy_parts(sch, block, red, length, sample_choice(sch, parts, parts[0], sample and len(parts) > 1))
         return
     *rows, last = spatial
     extent = int(sch.get(last).extent)

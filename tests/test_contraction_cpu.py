@@ -2,7 +2,8 @@
 
 Against the unscheduled kernels (same random inputs, compiled both ways) on the reduced decode
 and prefill attention, the form each gets (dot: rfactored vector partial sums; axpy: the
-reduction outside a vectorized output row), and the other kernels left alone.
+reduction outside a vectorized output row, for one query in parallel ranges of the cache rows),
+and the other kernels left alone.
 """
 import numpy as np
 import pytest
@@ -64,3 +65,37 @@ def test_the_rule_in_the_plugin_space(kernels, which):
         want = _run(contraction_cpu.untuned(as_main(func)), func)
         for cand in ours:
             np.testing.assert_allclose(_run(cand.mod, func), want, rtol=1e-5, atol=1e-5)
+
+
+def _one_query_value(positions, heads=4, head_dim=16):
+    from tvm import te
+
+    from tvm_ext.workloads.phi2.layers import _te_attn_value  # pylint: disable=protected-access
+
+    p = te.placeholder((1, heads, 1, positions), "float32", name="p")
+    v = te.placeholder((1, positions, heads, head_dim), "float32", name="v")
+    return te.create_prim_func([p, v, _te_attn_value(p, v)])
+
+
+@pytest.mark.parametrize("positions, parts", [(32, 16), (24, 8), (33, None)])
+def test_one_query_values_stream_in_parallel_ranges(positions, parts):
+    """One query: the cache rows split in the largest of PARTS that divides them, each range summed in
+    memory order into its own partial row (rfactored), the parts added at the end; where none
+    divides (33 positions), parallel chunks of the output row.  Both equal NumPy's p . V."""
+    func = _one_query_value(positions)
+    assert contraction_cpu._form(func) == "axpy"  # pylint: disable=protected-access
+    scheduled = contraction_cpu.untuned(as_main(func))
+    script = scheduled["main"].script()
+    assert "T.parallel" in script and "T.vectorized" in script
+    if parts:
+        assert f"_rf = T.sblock_alloc_buffer(({parts}, 1, 1, 64))" in script
+        assert f"for r_0 in T.parallel({parts})" in script
+    else:
+        assert "_rf" not in script
+    rng = np.random.default_rng(1)
+    p = rng.random((1, 4, 1, positions)).astype("float32")
+    v = rng.standard_normal((1, positions, 4, 16)).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((1, 1, 64), "float32"))
+    tvm.compile(scheduled, target="llvm")["main"](tvm.runtime.tensor(p), tvm.runtime.tensor(v), out)
+    want = np.einsum("hr,rhd->hd", p[0, :, 0], v[0]).reshape(1, 1, 64)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
