@@ -125,8 +125,8 @@ def run(args) -> int:
     return 0
 
 
-def format_table(rows, top: int = 6) -> str:
-    """One column per schedule: tokens/s, the bound, % of it; then each one's top kernels."""
+def format_table(rows) -> str:
+    """One column per schedule: tokens/s, the bound, % of it; then the kernels (``kernel_table``)."""
     import numpy as np
 
     from tvm_ext.cli.table import fmt, render
@@ -153,10 +153,27 @@ def format_table(rows, top: int = 6) -> str:
             lines.append(f"{r['schedule']} vs {other}: {100 * cmp['same_tokens']:.0f}% same tokens, first-step "
                          f"logits differ by up to {cmp['max_abs_logit_err']:.3g} (|logits| up to "
                          f"{cmp['max_abs_logit']:.3g})")
-    for r in rows:
-        kernels = [[k["label"], k["name"] if k["name"] != k["label"] else "", f"{100 * k['share']:.1f}"]
-                   for k in r["kernels"][:top]]
-        lines += ["", f"{r['schedule']}: kernels by share of one step",
-                  render(["kernel", "name", "%"], kernels, "<<>")]
+    lines += ["", "kernels inside the running step (one instrumented step per round, medians): ms per step "
+              "(all layers), x = that time over the kernel's bytes at its round's copy bandwidth",
+              kernel_table(rows)]
     return "\n".join(lines)
+
+
+def kernel_table(rows) -> str:
+    """One line per kernel (joined by label across the rows: qkv is one line for the float and int8
+    models), largest share of the last row first: each row's ms, share and x its bound."""
+    from tvm_ext.cli.table import fmt, render
+
+    by_row = [{k["label"]: k for k in r["kernels"]} for r in rows]
+    order = [k["label"] for k in rows[-1]["kernels"]]
+    order += [label for kernels in by_row for label in kernels if label not in order]
+    lines = []
+    for label in order:
+        line = [label]
+        for kernels in by_row:
+            k = kernels.get(label)
+            line += [fmt(k and k["ms"], ".3f"), fmt(k and 100 * k["share"], ".1f"), fmt(k and k.get("x_bound"), ".2f")]
+        lines.append(line)
+    head = ["kernel"] + [c for r in rows for c in (f"{r['schedule']} ms", "%", "x")]
+    return render(head, lines, "<" + ">" * (len(head) - 1))
 

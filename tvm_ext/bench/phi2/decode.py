@@ -197,26 +197,28 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
                       share=weights)
         weights = weights or dec
         decs.append((how, dec))
-    runs = {how: [] for how in schedules}
+    runs, steps = {how: [] for how in schedules}, {how: [] for how in schedules}
     edges, peer_s = [bandwidth()], []  # the copy bandwidth between rounds; the peer's tok/s in each
     for rnd in range(rounds):  # rows interleaved round by round: a shared host's bandwidth drifts by the minute
         for how, dec in decs:
             log(f"round {rnd + 1}/{rounds}: {how}")
             runs[how].append(_timed_decode(dec, tokens, context, seed, log))
+            steps[how].append(_instrumented_step(dec, runs[how][-1][1], context))
         if peer is not None:
             peer_s.append(peer())
         edges.append(bandwidth())
     samples += edges
     # each round's bound: the fastest copy just before and after it (a loaded machine only makes a copy
     # slower); a row's share of the bound is its median round's, in that round's bound
-    round_bound = [max(*edges[r], *edges[r + 1]) * 1e9 / (weight_bytes + kv_bytes) for r in range(rounds)]
+    round_gbs = [max(*edges[r], *edges[r + 1]) for r in range(rounds)]
+    round_bound = [gbs * 1e9 / (weight_bytes + kv_bytes) for gbs in round_gbs]
     for how, dec in decs:
         secs = [r[0] for r in runs[how]]
         _, ids, logits = runs[how][0]
         tok_s = [tokens / t for t in secs]
         row = {"schedule": how, "tok_s": tokens / float(np.median(secs)), "tok_s_rounds": tok_s,
                "of_bound": float(np.median([t / b for t, b in zip(tok_s, round_bound)])),
-               "kernels": _kernel_shares(dec, ids, tokens, context), "rules": dec.rules, "generated": ids,
+               "kernels": _kernel_rows(dec, steps[how], round_gbs), "rules": dec.rules, "generated": ids,
                "first_logits": logits[0]}
         if peer_s:
             row["vs_peer"] = float(np.median([t / p for t, p in zip(tok_s, peer_s)]))
@@ -275,13 +277,43 @@ def _timed_decode(dec, tokens, context, seed, log):
     return time.perf_counter() - t0, ids, logits
 
 
-def _kernel_shares(dec, ids, tokens, context):
-    """Each kernel's share of one instrumented step (the last position again), largest first."""
-    times = dec.kernel_times(ids[-2] if tokens > 1 else ids[0], context + tokens - 1)
-    total = sum(times.values()) or 1.0
+def _instrumented_step(dec, ids, context):
+    """{kernel: (seconds, calls)} of one more step, every VM call timed: the last position again."""
+    token, pos = (ids[-2], context + len(ids) - 1) if len(ids) > 1 else (ids[0], context)
+    return dec.timed_calls(lambda call: dec.step(token, pos, call=call))
+
+
+UNBOUNDED = ("kv_write", "embed")  # kernels that touch a sliver of their buffers (one cache slot, one table row)
+
+
+def kernel_bytes(func) -> int:
+    """Bytes of all of ``func``'s buffers: what one call moves when it reads each input whole."""
+    from tvm_ext.arrays import param_buffers
+
+    return sum(int(np.dtype(dtype).itemsize) * int(np.prod(shape)) for _, dtype, shape in param_buffers(func))
+
+
+def _kernel_rows(dec, steps, round_gbs):
+    """Each kernel of the decode step inside the running model, largest share first: {name, label,
+    share (median over rounds of its part of the instrumented step), ms (median, all its calls in
+    one step), calls}, and where it reads its buffers whole (not ``UNBOUNDED``) {mbytes, bound_ms,
+    x_bound}: ``bound_ms`` those bytes at the fastest round's copy bandwidth, ``x_bound`` the
+    median over rounds of its time over its bytes at that round's bandwidth."""
     labels = kernel_labels(dec.model.mod)
-    return sorted(({"name": n, "label": labels.get(n, n), "share": t / total} for n, t in times.items()),
-                  key=lambda k: -k["share"])
+    funcs = {gv.name_hint for gv in dec.model.mod.get_global_vars()}
+    out = []
+    for name in steps[0]:
+        secs = [st[name][0] for st in steps]
+        calls = steps[0][name][1]
+        label = labels.get(name, name)
+        row = {"name": name, "label": label, "calls": calls, "ms": 1e3 * float(np.median(secs)),
+               "share": float(np.median([st[name][0] / (sum(s for s, _ in st.values()) or 1.0) for st in steps]))}
+        if name not in UNBOUNDED and label not in UNBOUNDED and name in funcs:
+            nbytes = calls * kernel_bytes(dec.model.mod[name])
+            row.update(mbytes=nbytes / 1e6, bound_ms=1e3 * nbytes / (max(round_gbs) * 1e9),
+                       x_bound=float(np.median([t / (nbytes / (g * 1e9)) for t, g in zip(secs, round_gbs)])))
+        out.append(row)
+    return sorted(out, key=lambda k: -k["share"])
 
 
 def kernel_labels(mod) -> dict:

@@ -319,6 +319,10 @@ class Decoder:
     def timed_kernels(self, run):
         """Seconds per kernel (as ``kernel_times``) of ``run(call)``, which makes its VM calls
         through ``call(name, *args)`` (``step`` and ``prefill`` take it)."""
+        return {name: secs for name, (secs, _calls) in self.timed_calls(run).items()}
+
+    def timed_calls(self, run):
+        """{kernel: (seconds, calls)} of ``run(call)`` (as ``timed_kernels``, with how often each ran)."""
         from tvm import relax
 
         vm, times, start = relax.VirtualMachine(self.rt, self.dev), {}, {}
@@ -327,7 +331,8 @@ class Decoder:
             if before:
                 start[name] = time.perf_counter()
             elif not name.startswith("vm.builtin"):
-                times[name] = times.get(name, 0.0) + time.perf_counter() - start[name]
+                secs, calls = times.get(name, (0.0, 0))
+                times[name] = (secs + time.perf_counter() - start[name], calls + 1)
             return 0
 
         vm.set_instrument(instrument)
