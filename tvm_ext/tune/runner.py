@@ -47,27 +47,32 @@ def make_runner(rpc_tracker: str | None = None, rpc_key: str | None = None, time
     return ms.runner.RPCRunner(rpc_config=rpc_config, evaluator_config=config, max_workers=1)
 
 
-def runner_seconds(mods, target, runner, builder=None) -> dict:
+def runner_seconds(mods, target, runner, builder=None, strict: bool = True) -> dict:
     """{name: mean run seconds} of each scheduled ``{name: IRModule}``, built by the stack's
     builder and run by ``runner``: the seconds a tuning record of it would hold when that
-    runner measured it.  RuntimeError naming the kernel if one fails to build or run."""
+    runner measured it.  RuntimeError naming the kernel if one fails to build or run; with
+    ``strict`` False its seconds are None instead (e.g. an embedding lookup, whose random
+    token ids index outside the table)."""
     from tvm_ext.tune.builder import make_builder  # pylint: disable=import-outside-toplevel
     from tvm_ext.tune.database import mean_run_seconds  # pylint: disable=import-outside-toplevel
 
     names = list(mods)
     builder = builder if builder is not None else make_builder()
     built = builder.build([ms.builder.BuilderInput(mods[n], target) for n in names])
+    out = {}
     for name, b in zip(names, built):
-        if b.error_msg:
+        if b.error_msg and strict:
             raise RuntimeError(f"building {name} for the runner failed: {b.error_msg.splitlines()[0]}")
+        if b.error_msg:
+            out[name] = None
+    names = [n for n in names if n not in out]
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     inputs = [ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(mods[n]["main"]))
-              for n, b in zip(names, built)]
-    out = {}
+              for n, b in zip(list(mods), built) if n in names]
     for name, future in zip(names, runner.run(inputs)):
         res = future.result()
         secs = None if res.error_msg else mean_run_seconds(res.run_secs)
-        if secs is None:
+        if secs is None and strict:
             raise RuntimeError(f"running {name} with the tuning runner failed: {res.error_msg}")
         out[name] = secs
     return out
