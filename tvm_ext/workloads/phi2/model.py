@@ -323,21 +323,9 @@ class Decoder:
 
     def timed_calls(self, run):
         """{kernel: (seconds, calls)} of ``run(call)`` (as ``timed_kernels``, with how often each ran)."""
-        from tvm import relax
+        from tvm_ext.vm_calls import timed_calls
 
-        vm, times, start = relax.VirtualMachine(self.rt, self.dev), {}, {}
-
-        def instrument(func, name, before, ret, *args):
-            if before:
-                start[name] = time.perf_counter()
-            elif not name.startswith("vm.builtin"):
-                secs, calls = times.get(name, (0.0, 0))
-                times[name] = (secs + time.perf_counter() - start[name], calls + 1)
-            return 0
-
-        vm.set_instrument(instrument)
-        run(lambda name, *args: vm[name](*args))
-        return times
+        return timed_calls(self.rt, self.dev, lambda vm: run(lambda name, *args: vm[name](*args)))
 
     def generate(self, prompt, tokens, start=0, on_token=None):
         """Greedy decode of ``tokens`` tokens after ``prompt`` (token ids; the cache holds
