@@ -59,6 +59,7 @@ def one_error_line(args, message):
     (["bench", "conv2d-int8", "--beside", "phi2-decode"], "--beside takes the built-in int8 networks"),
     (["bench", "phi2-decode", "--beside", "conv2d-int8"], "--beside is for the int8 networks"),
     (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),
+    (["bench", "conv2d-int8", "--breakdown", "-1"], "--breakdown must be a number of runs"),
     (["report", "/nonexistent/dir"], "/nonexistent/dir"),
     (["check-rules", "--cases", "softmax,nope"], "unknown case(s) nope"),
     (["check-rules", "--cases", "softmax", "--target", "cuda"], "needs an llvm target"),
@@ -277,6 +278,25 @@ def test_bench_times_another_workload_beside(tuned, tmp_path):
     assert [r["ruleset"] for r in rows] == ["plugin", "conv2d-int8:plugin"]
     assert all(r["exact_match"] and r["e2e_ms"] > 0 and r["work_dir"] == work_dir for r in rows)
     assert "conv2d-int8:plugin" in stdout
+
+
+def test_bench_breakdown_accounts_for_the_network(tuned, tmp_path):
+    """--breakdown: the network's kernels timed inside it, matched to the tuning tasks, each beside
+    its record; network = kernels inside + time between them, and the records sum to the estimate."""
+    work_dir, tuned_result, _ = tuned
+    out = tmp_path / "breakdown.json"
+    _, stdout, _ = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--from-logs", "--rounds", "1",
+                       "--logs-dir", os.path.dirname(work_dir), "--out", str(out), "--breakdown", "3")
+    found = json.loads(out.read_text())["breakdown"]
+    (task,) = found["tasks"]  # the one conv task (conv + requantize, one kernel), called once
+    assert task["task"] == tuned_result["tasks"][0]["name"] and task["calls"] == 1
+    assert task["record_ms"] == pytest.approx(tuned_result["tasks"][0]["best_us"] / 1e3)
+    assert task["in_network_ms"] > 0 and task["ratio"] == pytest.approx(task["in_network_ms"] / task["record_ms"])
+    assert found["estimate_ms"] == pytest.approx(tuned_result["e2e_us"] / 1e3)
+    assert found["kernels_ms"] == pytest.approx(task["in_network_ms"])
+    assert found["outside_ms"] == pytest.approx(found["network_ms"] - found["kernels_ms"])
+    assert found["runs"] == 3 and found["untuned_tasks"] == []
+    assert "where the network's time goes" in stdout
 
 
 def test_cuda_build_only_without_a_gpu():

@@ -15,7 +15,7 @@ from tvm_ext.jsonio import write_json
 
 def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds: int,
         out_json: str | None, log=print, work_root: str | None = None, peers=(),
-        layers: bool = False, beside=()) -> dict:
+        layers: bool = False, beside=(), breakdown: int = 0) -> dict:
     """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict.
 
     A rule set written ``RULESET@TARGET`` (``upstream@llvm-generic``) is tuned, compiled
@@ -28,18 +28,21 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
     rounds (a row with ``"ruleset": "ort"``), ``"ov"`` OpenVINO's CPU plugin; ``layers`` adds
     ``"per_layer"``: every conv
-    task of the first rule set's database against one ORT QLinearConv of its shape."""
+    task of the first rule set's database against one ORT QLinearConv of its shape; ``breakdown`` > 0
+    adds ``"breakdown"``: the first rule set's network, that many runs, each kernel inside it against
+    its tuning record (``bench.breakdown``)."""
     from tvm_ext.targets import resolve_target
 
-    runs, rows, targets = {}, [], {}
+    runs, rows, targets, first = {}, [], {}, None
     work_root = tuning.databases_root(from_logs, work_root)
     networks = [(workload, label, label) for label in rulesets]
     networks += [(other, "plugin", f"{other.name}:plugin") for other in beside]
     for net, label, key in networks:
         ruleset, _, target_name = label.partition("@")  # "upstream@llvm-generic": own target
         row_target = targets[key] = resolve_target(target_name) if target_name else target
-        runs[key], row = _network(net, ruleset, row_target, trials, from_logs, work_root, key, log)
+        runs[key], row, parts = _network(net, ruleset, row_target, trials, from_logs, work_root, key, log)
         rows.append(row)
+        first = first or parts  # the first rule set's (executable, device, inputs): --breakdown's
     threads = peer_module().threads_of(target)
     for peer, network, about in (("ort", "ort_network", "ort_weights"), ("ov", "ov_network", "ov")):
         if peer in peers:  # ONNX runtimes on the same network: its distance from the reference, in steps
@@ -54,6 +57,12 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     for row in rows:
         row["e2e_ms"] = medians[row["ruleset"]] * 1e3
         row["ratio_to_plugin"] = medians[row["ruleset"]] / base
+    found = None
+    if breakdown:
+        from tvm_ext.bench.breakdown import breakdown as where_time_goes
+
+        log(f"{rows[0]['ruleset']}: {breakdown} runs plain and {breakdown} with every kernel timed ...")
+        found = where_time_goes(*first, workload, rows[0]["work_dir"], runs=breakdown)
     per_layer = None
     if layers:
         work_dir = rows[0]["work_dir"]
@@ -74,6 +83,8 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
               "rounds": rounds, "rows": rows}
     if per_layer is not None:
         result["per_layer"] = per_layer
+    if found is not None:
+        result["breakdown"] = found
     if out_json:
         write_json(out_json, result)
         log(f"wrote {out_json}")
@@ -81,7 +92,8 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
 
 
 def _network(workload, ruleset, target, trials, from_logs, work_root, label, log):
-    """(callable running the compiled network, its row) for one database of ``workload``:
+    """(callable running the compiled network, its row, (executable, device, inputs)) for one database
+    of ``workload``:
     tuned first unless ``from_logs``, checked bit-exactly against the workload's reference."""
     import tvm
 
@@ -95,7 +107,8 @@ def _network(workload, ruleset, target, trials, from_logs, work_root, label, log
     if meta["options"] != workload.options:
         raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, not {workload.options}")
     log(f"compiling {workload.name} with the {label} database ...")
-    vm = tuning.make_vm(tuning.compile_workload(workload, target, work_dir), target)
+    executable = tuning.compile_workload(workload, target, work_dir)
+    vm = tuning.make_vm(executable, target)
     ok, summary = workload.check(tuning.run_workload(vm, workload, target))
     log(f"{label}: {'exact match' if ok else 'MISMATCH'} with the NumPy reference ({summary})")
     dev = tuning.device_for(target)
@@ -109,7 +122,7 @@ def _network(workload, ruleset, target, trials, from_logs, work_root, label, log
            "target": target_key(target), "tuned_for": meta["target"].get("mcpu"),
            "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
            "non_conv_estimate_ms": non_conv_ms(summary), "trials": tuned_trials(summary["tasks"])}
-    return (lambda: (vm["main"](*args), dev.sync())), row
+    return (lambda: (vm["main"](*args), dev.sync())), row, (executable, dev, args)
 
 
 def non_conv_ms(summary) -> float | None:

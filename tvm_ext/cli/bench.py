@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tvm_ext.cli.common import add_workload_args, check_device, check_workload_name, log, workload_key
-from tvm_ext.cli.table import render
+from tvm_ext.cli.table import fmt, render
 
 
 def add_parser(sub) -> None:
@@ -50,6 +50,10 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", action="store_true",
                    help="int8: also time every conv task of the first rule set's database "
                         "against one ONNX Runtime QLinearConv of the same shape")
+    p.add_argument("--breakdown", type=int, default=0, metavar="RUNS",
+                   help="int8: also run the first rule set's network RUNS times with every kernel timed: "
+                        "each tuning task inside the network against its record, and the time between "
+                        "the kernels (where the network's gap to the sum of its tuned kernels is)")
     p.add_argument("--rounds", type=int, default=None,
                    help="interleaved timing rounds (default 20 for int8, 5 for phi2; one phi2-prefill "
                         "round at real size took 12 min on a loaded 2-core EPYC)")
@@ -107,12 +111,14 @@ def run(args) -> int:
     peers = parse_peers(args.peers)
     if args.trials is not None and args.trials < 1:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
+    if args.breakdown < 0:
+        raise ValueError(f"--breakdown must be a number of runs (0: none), not {args.breakdown}")
     beside = _beside(args)
     workload = load_workload(args)
     beside = [workloads.get(name, **workload_options(args)) for name in beside]
     result = bench_int8.run(workload, target, rulesets, args.trials or 32, args.from_logs,
                             args.rounds or 20, out, log=log, work_root=args.logs_dir, peers=peers,
-                            layers=args.layers, beside=beside)
+                            layers=args.layers, beside=beside, breakdown=args.breakdown)
     print(format_int8(result))
     return 0 if all(row["exact_match"] for row in result["rows"] if row["ruleset"] not in peers) else 1
 
@@ -150,11 +156,29 @@ def format_int8(result: dict) -> str:
               for r in result["rows"] if r.get("non_conv_estimate_ms") is not None]
     if shares:
         lines.append("est. ms outside the convs (pooling, dense, layout, reshape): " + "; ".join(shares))
+    if "breakdown" in result:
+        lines += ["", format_breakdown(result["breakdown"], result["rows"][0]["ruleset"])]
     if "per_layer" in result:
         layers = result["per_layer"]
         lines += ["", f"per conv task ({layers[0]['ruleset'] if layers else '-'} database) vs one ORT "
                       "QLinearConv, same threads:", format_layers(layers)]
     return "\n".join(lines)
+
+
+def format_breakdown(found: dict, ruleset: str, top: int = 12) -> str:
+    """``bench.breakdown``'s result: the totals, then the tasks taking the most time in the network."""
+    head = (f"{ruleset}: where the network's time goes ({found['runs']} runs, medians): network "
+            f"{found['network_ms']:.3f} ms = kernels inside it {found['kernels_ms']:.3f} + between them "
+            f"{found['outside_ms']:.3f}; the kernels' records sum to {found['estimate_ms']:.3f} ms (inside the "
+            f"network {found['inside_ms']:+.3f}); network / records {found['network_ms'] / found['estimate_ms']:.2f}x")
+    body = [[t["task"][:60], t["calls"], f"{t['in_network_ms']:.3f}", fmt(t["record_ms"], ".3f"),
+             fmt(t["ratio"], ".2f")] for t in found["tasks"][:top]]
+    rest = found["tasks"][top:]
+    if rest:
+        body.append([f"({len(rest)} more tasks)", sum(t["calls"] for t in rest),
+                     f"{sum(t['in_network_ms'] for t in rest):.3f}",
+                     f"{sum(t['record_ms'] or 0 for t in rest):.3f}", ""])
+    return head + "\n" + render(["task", "calls", "in network ms", "record ms", "ratio"], body, "<>>>>")
 
 
 def format_layers(rows: list) -> str:
