@@ -197,3 +197,9 @@ def test_a_run_starts_from_the_saved_database_of_the_closest_cpu(tmp_path):
     assert find_saved("toy", "plugin", {}, cascade, root=str(root)) == (str(root / "toy-llvm-plugin"), True)
     assert find_saved("toy", "upstream", {}, cascade, root=str(root)) == (
         None, "no saved database of this workload and rule set")
+    # the same CPU, its records measured on another number of threads (or not said): measured here first
+    meta = D.read_meta(str(root / "toy-llvm-plugin"))
+    assert meta["threads"] == D.measuring_threads()
+    for threads in (meta["threads"] + 1, None):
+        Path(root, "toy-llvm-plugin", D.META_FILE).write_text(json.dumps(dict(meta, threads=threads)))
+        assert find_saved("toy", "plugin", {}, cascade, root=str(root)) == (str(root / "toy-llvm-plugin"), False)

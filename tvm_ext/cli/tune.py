@@ -198,6 +198,8 @@ def start_from_committed(args, target, work_dir: str, options: dict, key: str, t
     instructions this one has; otherwise None, saying why tuning starts from scratch."""
     import shutil
 
+    from tvm_ext.targets import target_mismatch
+    from tvm_ext.tune.database import measuring_threads
     from tvm_ext.tune.save import find_saved
 
     saved, exact = find_saved(key, args.ruleset, options, target, root=COMMITTED_ROOT)
@@ -214,11 +216,17 @@ def start_from_committed(args, target, work_dir: str, options: dict, key: str, t
         return None
     from tvm_ext import tune as tuning
 
-    mcpu = tuning.read_meta(saved)["target"].get("mcpu")
+    meta = tuning.read_meta(saved)
+    mcpu = meta["target"].get("mcpu")
+    if target_mismatch(meta["target"], target) is None:  # the same CPU, another thread count
+        threads = meta.get("threads")
+        where = f"measured on {threads or 'an unrecorded number of'} threads, this run uses {measuring_threads()}"
+    else:
+        where = f"tuned on another CPU ({mcpu})"
     if not transfer:
-        log(f"not reusing {saved}: tuned for another CPU ({mcpu}; a cluster run tunes from scratch)")
+        log(f"not reusing {saved}: {where} (a cluster run tunes from scratch)")
         return None
-    log(f"{saved} was tuned on another CPU ({mcpu}): its best schedules start this run, each measured here first")
+    log(f"{saved} was {where}: its best schedules start this run, each measured here first")
     return saved
 
 

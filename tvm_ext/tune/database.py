@@ -30,7 +30,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_ext.jsonio import write_json
 from tvm_ext.rulesets import check_ruleset
 from tvm_ext.tune import packed
-from tvm_ext.targets import has_amx, has_avx2, target_key, target_mismatch, target_to_json, vnni_kinds
+from tvm_ext.targets import (has_amx, has_avx2, physical_cores, target_key, target_mismatch, target_to_json,
+                             vnni_kinds)
 
 META_FILE = "tvm_ext.json"
 WORKLOADS, RECORDS = "database_workload.json", "database_tuning_record.json"
@@ -96,6 +97,12 @@ def read_meta(work_dir: str) -> dict:
         raise _env_error("read", path, err) from None
 
 
+def measuring_threads() -> int:
+    """Threads a kernel measured now runs on: TVM's pool size (``TVM_NUM_THREADS``, which every
+    ``tvm-ext`` command sets and the runner's workers inherit), else this host's physical cores."""
+    return int(os.environ.get("TVM_NUM_THREADS") or physical_cores())
+
+
 def prepare_work_dir(work_dir: str, workload, target, ruleset: str, log=print) -> dict:
     """Create or reopen a work dir for ``tune``: refuse a foreign, corrupt or read-only one;
     repair what a killed run left (``repair_database``)."""
@@ -120,7 +127,7 @@ def prepare_work_dir(work_dir: str, workload, target, ruleset: str, log=print) -
                 f"(tvm-ext save packs a work dir again)")
         repair_database(work_dir, log)
         return meta
-    meta = dict(wanted, tasks=[], created=time.strftime("%Y-%m-%d %H:%M:%S"))
+    meta = dict(wanted, tasks=[], created=time.strftime("%Y-%m-%d %H:%M:%S"), threads=measuring_threads())
     _create_work_dir(work_dir, meta)
     return meta
 

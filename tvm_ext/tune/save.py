@@ -108,13 +108,15 @@ def find_saved(workload: str, ruleset: str, options: dict, target, root: str = S
 
     Among the saved work dirs of the same workload, options, rule set and target kind (any name:
     ``resnet50-int8-nchwc-llvm-plugin``, ``resnet50-int8-nchwc-znver5-llvm-plugin``, ...): one tuned
-    for exactly this target (``exact``: copy it), else the closest CPU whose instructions this one
-    has -- the same mcpu, then the same vendor, then the one with the most records (its schedules
-    are measured here before they are trusted). ``(None, why)`` when there is none."""
+    for exactly this target and measured on as many threads as this run's (``exact``: copy it), else
+    the closest CPU whose instructions this one has -- the same mcpu, then the same vendor, then the
+    one with the most records (its schedules are measured here before they are trusted: a record's
+    seconds on one thread rank a 2-thread run's candidates wrongly, and summed they are no estimate
+    of the network). ``(None, why)`` when there is none."""
     import glob
 
     from tvm_ext.targets import target_mismatch, target_to_json
-    from tvm_ext.tune.database import check_instructions
+    from tvm_ext.tune.database import check_instructions, measuring_threads
 
     here = target_to_json(target)
     found, refused = [], []
@@ -127,7 +129,7 @@ def find_saved(workload: str, ruleset: str, options: dict, target, root: str = S
         if (meta.get("workload"), meta.get("ruleset"), meta.get("options")) != (workload, ruleset, options) \
                 or meta["target"].get("kind") != here.get("kind"):
             continue
-        if target_mismatch(meta["target"], target) is None:
+        if target_mismatch(meta["target"], target) is None and meta.get("threads") == measuring_threads():
             return path, True
         try:
             check_instructions(path, target)
