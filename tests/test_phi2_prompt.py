@@ -9,7 +9,6 @@ after the prompt reads the keys and values the prefill wrote (a wrong cache chan
 import json
 
 import numpy as np
-import tvm
 import pytest
 
 tvm = pytest.importorskip("tvm")

@@ -149,27 +149,26 @@ def _te_attn_score(q, k, head_dim, dtype):
     )
 
 
-def _te_causal_mask(s, past, dtype):
-    from tvm import te, tirx
-
-    return te.compute(
-        s.shape,
-        lambda b, h, i, j: tirx.if_then_else(j > _offset(i, past), tirx.min_value(dtype), s[b, h, i, j]),
-        name="causal_mask",
-    )
-
-
-def _te_softmax(s):
-    """softmax over the last axis with TVM's ``fast_exp`` (a polynomial, float32 accurate to a few ulp;
-    exactly 0 for the causal mask's -FLT_MAX) instead of ``relax.op.nn.softmax``, whose ``exp`` is one
-    scalar ``expf`` call per element on LLVM CPU targets: a 512-token prefill's softmax (32 x 512 x 528)
-    took ~11 ms a layer whatever its schedule, 5.0-6.7 ms with fast_exp (2-core Zen 4, session 20)."""
-    from tvm import te, topi
+def _te_softmax(s, past=None):
+    """softmax over the last axis of scores ``s`` (1, heads, n, t), with the causal mask ``j > i + past``
+    applied where each element is read (no kernel of its own: a 512-token prefill's separate mask kernel
+    took 5.8 ms a layer for 8.7 M floats, 2-core Zen 4; session 21) unless ``past`` is None.  TVM's
+    ``fast_exp`` (a polynomial, float32 accurate to a few ulp; exactly 0 for the mask's -FLT_MAX) instead
+    of ``relax.op.nn.softmax``'s ``exp``, one scalar ``expf`` call per element on LLVM CPU targets: a
+    512-token prefill's softmax (32 x 512 x 528) took ~11 ms a layer whatever its schedule, 5.0-6.7 ms with
+    fast_exp (session 20)."""
+    from tvm import te, tirx, topi
 
     *rows, d = s.shape
+
+    def score(b, h, i, j):
+        if past is None:
+            return s[b, h, i, j]
+        return tirx.if_then_else(j > _offset(i, past), tirx.min_value(s.dtype), s[b, h, i, j])
+
     k = te.reduce_axis((0, d), name="k")
-    peak = te.compute(rows, lambda *i: te.max(s(*i, k), axis=k), name="softmax_max")
-    e = topi.fast_exp(te.compute(s.shape, lambda *i: s(*i) - peak(*i[:-1]), name="softmax_shift"))
+    peak = te.compute(rows, lambda *i: te.max(score(*i, k), axis=k), name="softmax_max")
+    e = topi.fast_exp(te.compute(s.shape, lambda *i: score(*i) - peak(*i[:-1]), name="softmax_shift"))
     k2 = te.reduce_axis((0, d), name="k2")
     total = te.compute(rows, lambda *i: te.sum(e(*i, k2), axis=k2), name="softmax_sum")
     return te.compute(s.shape, lambda *i: e(*i) / total(*i[:-1]), name="softmax_norm")
@@ -272,9 +271,7 @@ def attention(bb, q, k, v, head_dim, dtype, mask_past=None):
     ``mask_past`` is None; (1, n, heads * head_dim)."""
 
     s = bb.emit_te(_te_attn_score, q, k, head_dim, dtype, primfunc_name_hint="attn_score")
-    if mask_past is not None:
-        s = bb.emit_te(_te_causal_mask, s, mask_past, dtype, primfunc_name_hint="causal_mask")
-    p = bb.emit_te(_te_softmax, s, primfunc_name_hint="softmax")
+    p = bb.emit_te(_te_softmax, s, mask_past, primfunc_name_hint="softmax")
     return bb.emit_te(_te_attn_value, p, v, primfunc_name_hint="attn_value")
 
 
