@@ -8,7 +8,10 @@ decide the form:
   q[h, r] K[j, h, r]``): the spatial axes are fused and parallel, ordered so the outer ones walk
   that operand in memory order, and the reduction is split by ``LANES`` and rfactored, so that
   each output is a vector of partial sums over contiguous elements (computed at the output),
-  added at the end;
+  added at the end.  With several queries (prefill: ``score[h, i, j] = sum_r q[i, h, r] K[j, h, r]``)
+  it is a GEMM per head instead: the larger operand copied once per head with the key axis innermost,
+  register tiles of queries x keys (``QUERY_TILES`` x ``KEY_TILES``) over the reduction, in parallel
+  over the heads;
 * *axpy* -- an operand's innermost index follows the output's innermost spatial var, not the
   reduction (``value[c] = sum_r p[c // d, r] V[r, c // d, c % d]``; decided before the operands'
   sizes: with many queries the probabilities outgrow the values): the reduction moves outside the
@@ -17,8 +20,8 @@ decide the form:
   ``PARTS`` parallel ranges and rfactored: each thread streams its rows of the operand in memory
   order into its own row of partial outputs (10 KiB for Phi-2, in L1), added at the end; where no
   part count divides the reduction, the output axis is split into parallel chunks instead.  With
-  several queries (prefill) the heads x d axis is split at d (no per-lane head index), each head's
-  rows in strips of one cache line, and ``QUERIES`` queries share each loaded strip.
+  several queries (prefill) the heads x d axis is split at d (no per-lane head index) and register
+  tiles of queries x d accumulate over the reduction, in parallel over the heads.
 
 Why: dlight's CPU GEMV rule takes ``attn_score`` (2.7 ms a decode layer at 512 past positions)
 and nothing takes ``attn_value``, which then walks the KV cache column by column (3.4 ms); the
@@ -27,11 +30,12 @@ cycled from DRAM (2-core Zen 4, 528 positions): output chunks of 256 (each task 
 10 KiB row) 0.196 ms, the rows split in 2-16 parts 0.101-0.107 ms (49-53 GB/s, the copy's).
 Other functions are left as they are (``matches`` is False), the dequantize-GEMVs are DequantGEMV's.
 
-Prefill (512 queries over 528 positions, 2-core AVX-512 EPYC): attn_score 37 ms, attn_value 7.5 ms
-per layer (MetaSchedule, 32 trials: 16 and 9.4 ms).  Used untuned (``untuned(mod, target)``) by the
+Prefill (512 queries over 528 positions, 2-core AVX-512 EPYC, a layer): attn_score 4.2 ms, attn_value
+3.8 ms as register tiles (the rfactored dot form and 4 x 16 strips before: 44 and 8.2 ms; MetaSchedule
+after 32 trials: 20.6 and 8.1 ms).  Used untuned (``untuned(mod, target)``) by the
 Phi-2 ``rule`` schedules, as the first record of a tuning (``schedule_of``), and as a MetaSchedule
-rule (``ContractionCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule with the
-one-query axpy form's part count sampled (16, 8, 4 or 2 where they divide the reduction).
+rule (``ContractionCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule with its
+tiles sampled (the one-query axpy form's part count, the several-query forms' queries per tile).
 """
 from __future__ import annotations
 
@@ -115,12 +119,15 @@ def _big_load(block):
 
 def schedule(sch, form: str, sample: bool = False, annotate: bool = False) -> None:
     """Schedule the one-block function ``sch`` works on in ``form`` ("dot" or "axpy", ``_form``).  With
-    ``sample`` the one-query axpy form's chunk of outputs per parallel task is a sampled decision (the
-    largest of ``CHUNKS`` that divides the axis first); with ``annotate`` the blocks (and the root) are
+    ``sample`` the tiles are sampled decisions (the untuned choice first: the one-query axpy form's part
+    count, the several-query forms' queries per tile); with ``annotate`` the blocks (and the root) are
     marked for PostOrderApply's other rules to skip."""
     (block,) = sch.get_child_blocks(sch.get_sblock("root"))
     *spatial, red = sch.get_loops(block)
-    if form == "dot":
+    roles = _dot_roles(sch.get(block)) if form == "dot" else None
+    if roles is not None:
+        _dot_tiles(sch, block, spatial, red, roles, sample)
+    elif form == "dot":
         _dot(sch, block, _in_memory_order(sch, block, spatial), red)
     else:
         _axpy(sch, block, spatial, red, sample)
@@ -175,7 +182,66 @@ def _dot(sch, block, spatial, red) -> None:
     sch.decompose_reduction(partial, r_o)
 
 
-QUERIES = 4  # queries sharing each loaded row of the operand (several queries: prefill attention)
+QUERY_TILES = (4, 8, 6, 2)  # queries per register tile in the several-query forms (the first untuned)
+KEY_TILES = (48, 16)  # keys per register tile of the several-query dot form, the first that divides the axis
+# (prefill attention, 512 queries over 528 positions, 2-core Zen 4, one layer: attn_score 4 x 48 tiles 4.2 ms
+# (330 GFLOPS), 8 x 48 4.6, 8 x 16 6.7; the rfactored dot form 44 ms, MetaSchedule's 32-trial pick 20.6;
+# attn_value 4 queries x 80 4.2 ms (365 GFLOPS), 8 x 80 4.7, 2 x 80 7.4; 4 x 16 strips 8.2)
+
+
+def _dot_roles(block):
+    """For a dot contraction with several queries (prefill ``q . K``): (batch iter vars, query iter var,
+    key iter var, the larger operand's dimension the key indexes), where every index of both operands is
+    a plain var, batch vars index both, the query var only the smaller, the key var only the larger
+    (a multiple of 16 long); else None."""
+    loads = collect(block.body, TensorLoad)
+    big = _big_load(block)
+    small = next((ld for ld in loads if not ld.source.same_as(big.source)
+                  and not ld.source.same_as(block.writes[0].source)), None)
+    if small is None or not all(isinstance(x, tirx.Var) for x in list(big.indices) + list(small.indices)):
+        return None
+    batch, query, key = [], [], []
+    for iv in block.iter_vars[:-1]:
+        in_big, in_small = _uses_any(big.indices, iv.var), _uses_any(small.indices, iv.var)
+        (batch if in_big and in_small else query if in_small else key if in_big else batch).append(iv)
+    if len(query) != 1 or len(key) != 1 or int(query[0].dom.extent) < 2 or int(key[0].dom.extent) % 16:
+        return None
+    key_dim = next(k for k, index in enumerate(big.indices) if index.same_as(key[0].var))
+    return batch, query[0], key[0], key_dim
+
+
+def _uses_any(indices, var) -> bool:
+    return any(_uses(index, var) for index in indices)
+
+
+def _dot_tiles(sch, block, spatial, red, roles, sample: bool = False) -> None:
+    """The several-query dot form: per batch (head), the larger operand copied once with the key axis
+    innermost, then register tiles of queries x keys accumulated over the reduction (a GEMM micro-kernel:
+    one broadcast query element times contiguous key vectors)."""
+    batch, query, key, key_dim = roles
+    stmt = sch.get(block)
+    position = {iv.var: k for k, iv in enumerate(stmt.iter_vars)}
+    q_loop, k_loop = spatial[position[query.var]], spatial[position[key.var]]
+    outer = [spatial[position[iv.var]] for iv in batch]
+    extent = int(query.dom.extent)
+    tiles = [t for t in QUERY_TILES if extent % t == 0] or [1]
+    q_o, q_i = sch.split(q_loop, [None, sample_choice(sch, tiles, tiles[0], sample and len(tiles) > 1)])
+    k_o, k_i = sch.split(k_loop, [None, next(t for t in KEY_TILES if int(key.dom.extent) % t == 0)])
+    sch.reorder(*outer, q_o, k_o, red, q_i, k_i)
+    head = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    big_index = next(k for k, r in enumerate(stmt.reads) if r.source.same_as(_big_load(stmt).source))
+    copy = sch.cache_read(block, big_index, "global")
+    sch.compute_at(copy, head)
+    sch.transform_layout(block, ("read", big_index),
+                         lambda *dims: tuple(d for k, d in enumerate(dims) if k != key_dim) + (dims[key_dim],))
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, k_o)
+    sch.parallel(head)
+    sch.unroll(q_i)
+    k_v_o, k_v = sch.split(k_i, [None, 2 * LANES])
+    sch.unroll(k_v_o)
+    sch.vectorize(k_v)
+    sch.decompose_reduction(block, red)
 
 
 def _row_length(block, var) -> Optional[int]:
@@ -187,22 +253,23 @@ def _row_length(block, var) -> Optional[int]:
     return None
 
 
-def _axpy_rows(sch, block, spatial, red, length: int) -> None:
-    """The axpy form over an output axis fused of heads x ``length``: split there (each row of the
-    operand contiguous, no per-lane head index), QUERIES queries per step sharing each loaded row."""
+def _axpy_rows(sch, block, spatial, red, length: int, sample: bool = False) -> None:
+    """The axpy form over an output axis fused of heads x ``length`` with several queries: split at
+    ``length`` (no per-lane head index), then register tiles of queries x ``length`` accumulated over the
+    reduction (each step one broadcast probability times a contiguous row of the operand), in parallel
+    over the heads."""
     *rows, last = spatial
     head, lane = sch.split(last, [None, length])
-    queries = rows[-1] if rows else None
-    extent = int(sch.get(queries).extent) if queries is not None else 1
-    inner = []
-    if extent % QUERIES == 0 and extent > 1:
-        q_o, q_i = sch.split(queries, [None, QUERIES])
-        rows, inner = rows[:-1] + [q_o], [q_i]
-    strip, lane = sch.split(lane, [None, 2 * LANES])  # each step reads one cache line of the row
-    sch.reorder(head, *rows, strip, red, *inner, lane)
-    outer = sch.fuse(head, *rows, strip)
-    sch.parallel(outer)
-    _lane_o, lane_v = sch.split(lane, [None, LANES])
+    extent = int(sch.get(rows[-1]).extent)
+    tiles = [t for t in QUERY_TILES if extent % t == 0] or [1]
+    q_o, q_i = sch.split(rows[-1], [None, sample_choice(sch, tiles, tiles[0], sample and len(tiles) > 1)])
+    sch.reorder(*rows[:-1], head, q_o, red, q_i, lane)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, q_o)
+    sch.parallel(sch.fuse(*rows[:-1], head) if rows[:-1] else head)
+    sch.unroll(q_i)
+    lane_o, lane_v = sch.split(lane, [None, 2 * LANES])
+    sch.unroll(lane_o)
     sch.vectorize(lane_v)
     sch.decompose_reduction(block, red)
 
@@ -239,7 +306,7 @@ def _axpy(sch, block, spatial, red, sample: bool = False) -> None:
     length = _row_length(sch.get(block), sch.get(block).iter_vars[-2].var)
     queries = int(sch.get(spatial[-2]).extent) if len(spatial) > 1 else 1
     if length is not None and length % (2 * LANES) == 0 and queries > 1:
-        _axpy_rows(sch, block, spatial, red, length)
+        _axpy_rows(sch, block, spatial, red, length, sample)
         return
     parts = [p for p in PARTS if int(sch.get(red).extent) % p == 0]
     if length is not None and length % LANES == 0 and queries == 1 and parts:

@@ -1,8 +1,9 @@
 """rules/contraction_cpu: Phi-2's attention contractions on CPU, read in memory order.
 
 Against the unscheduled kernels (same random inputs, compiled both ways) on the reduced decode
-and prefill attention, the form each gets (dot: rfactored vector partial sums; axpy: the
-reduction outside a vectorized output row, for one query in parallel ranges of the cache rows),
+and prefill attention, the form each gets (dot: rfactored vector partial sums, with several queries
+register tiles over a transposed copy of the keys; axpy: the reduction outside a vectorized output
+row, for one query in parallel ranges of the cache rows, for several in register tiles of queries),
 and the other kernels left alone.
 """
 import numpy as np
@@ -37,8 +38,10 @@ def test_attention_matches_the_unscheduled_kernel(kernels, which, name, form):
     assert not tvm_ffi.structural_equal(scheduled["main"], mod["main"])
     script = scheduled["main"].script()
     assert "T.parallel" in script and "T.vectorized" in script
-    if form == "dot":
+    if form == "dot" and which == "decode":
         assert "_rf" in script  # the vector of partial sums
+    if which == "prefill":  # register tiles of queries (accumulated locally); for q . K over a transposed K copy
+        assert "_local" in script and ("_global" in script) == (form == "dot")
     np.testing.assert_allclose(_run(scheduled, kernel.func), _run(mod, kernel.func), rtol=1e-5, atol=1e-5)
 
 

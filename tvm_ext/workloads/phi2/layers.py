@@ -144,7 +144,7 @@ def _te_attn_score(q, k, head_dim, dtype):
     scale = tirx.const(1.0 / math.sqrt(head_dim), dtype)
     return te.compute(
         (1, heads, n, t),
-        lambda b, h, i, j: te.sum(q[b, i, h, r] * k[b, j, h, r] * scale, axis=r),
+        lambda b, h, i, j: te.sum(q[b, i, h, r] * scale * k[b, j, h, r], axis=r),
         name="attn_score",
     )
 
