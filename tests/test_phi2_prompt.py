@@ -138,6 +138,38 @@ def test_tuning_starts_from_our_rules(model, tmp_path):
         tvm.ir.assert_structural_equal(best_schedule(db, mods[name]), sch.mod if sch is not None else mods[name])
 
 
+@needs_vnni
+def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path):
+    """confirm_picks measures a best record that is not the untuned schedule beside it: here a record
+    claiming 1 ns for Phi-2's fc1 GEMV (one token, 10240 x 2560) left unscheduled (scalar code) against
+    our tensorized one; it loses, the kernel is kept in untuned_kept.json and the tuned row runs ours.
+    (At the reduced config's sizes the unscheduled serial kernel wins: no thread pool to wake.)"""
+    from tvm.s_tir import Schedule
+
+    from tvm_ext.bench.phi2.decode import model_kernels
+    from tvm_ext.tune.database import open_database
+    from tvm_ext.tune.runner import make_runner
+    from tvm_ext.tune.seeds import KEPT_FILE, confirm_picks, rule_schedule, seed_rules, tuned_schedule
+    from tvm_ext.tune.transfer import commit_measured
+
+    target = resolve_target("llvm")
+    full = pm.build_model("full", 1, capacity=4, seed=0, compute="int8")
+    name, mod = next((n, m) for n, m in model_kernels(full).items()
+                     if n.startswith("q4_int8_gemm") and int(m["main"].params[-1].shape[-1]) == 10240)
+    mods = {name: mod}
+    seed_rules(mods, target, str(tmp_path), log=lambda m: None)
+    sch = Schedule(mod)
+    sch.get_child_blocks(sch.get_sblock("root", func_name="main"))  # a trace that is not empty: as built
+    db = open_database(str(tmp_path))
+    commit_measured(db, mod, sch, 1e-9, target)
+    ours = rule_schedule(mod, target)[1].mod
+    tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), mod)  # the claim, unchecked
+    ratios = confirm_picks(mods, target, str(tmp_path), make_runner(), log=lambda m: None, rounds=1)
+    assert ratios[name] > 1.0
+    assert name in json.dumps(json.loads((tmp_path / KEPT_FILE).read_text()))
+    tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), ours)
+
+
 @pytest.mark.slow  # 35 s on 2 cores (tuning)
 @needs_vnni
 def test_cli_decode_tune_then_tuned(tmp_path, capsys):

@@ -35,7 +35,8 @@ def kernel_database(db_dir: str, log: Callable[[str], None] = print):
     return open_database(db_dir)
 
 
-def _key(mod: tvm.IRModule) -> str:
+def kernel_key(mod: tvm.IRModule) -> str:
+    """A kernel's key in the files beside its database: its IRModule's structural hash."""
     return f"{tvm_ffi.structural_hash(mod):016x}"
 
 
@@ -50,7 +51,7 @@ def _read_order(db_dir: str) -> dict:
 def measure_order(db_dir: str, mod: tvm.IRModule) -> list:
     """Mean run seconds (None = failed) of ``mod``'s tuned candidates in measurement order;
     [] when ``tune_kernels`` never measured it in ``db_dir``."""
-    return list(_read_order(db_dir).get(_key(mod), []))
+    return list(_read_order(db_dir).get(kernel_key(mod), []))
 
 
 def trials_to_beat(db_dir: str, mod: tvm.IRModule, seconds: float) -> int | None:
@@ -63,7 +64,7 @@ def trials_to_beat(db_dir: str, mod: tvm.IRModule, seconds: float) -> int | None
 
 def order_callback(db_dir: str, mod: tvm.IRModule):
     """A measure callback appending each batch's mean run seconds to ``db_dir``'s order file."""
-    key = _key(mod)
+    key = kernel_key(mod)
 
     def record_order(builder_results, runner_results) -> None:
         batch = [None if built.error_msg or ran.error_msg else mean_run_seconds(ran.run_secs)

@@ -7,11 +7,17 @@ Phi-2 benches and ``tvm-ext generate`` share.
 * ``seed_rules`` / ``seed_database``: either one committed as a tuning record with the seconds the
   tuning runner measured, so the search starts from it and a tuned record ranks above it only
   when that same runner measured it faster ("tuned" never loses to "untuned");
-* ``tune_from_rules``: ``seed_rules`` then ``tune_kernels`` through the plugin space;
-* ``best_schedule``: a database's best record of a kernel, applied.
+* ``tune_from_rules``: ``seed_rules`` then ``tune_kernels`` through the plugin space, then
+  ``confirm_picks``: each pick that is not the untuned schedule measured beside it;
+* ``best_schedule``: a database's best record of a kernel, applied; ``tuned_schedule``: that, unless
+  the side-by-side check kept the untuned schedule.
 """
 from __future__ import annotations
 
+import json
+import os
+
+from tvm_ext.jsonio import write_json
 from tvm_ext.tune.database import best_record, records_of
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
@@ -92,10 +98,8 @@ def seed_rules(mods: dict, target, db_dir: str, log=print, runner=None) -> int:
     for name, mod in mods.items():
         if records_of(database, mod):
             continue
-        found = rule_schedule(mod, target)
-        ours += found is not None
-        sch = found[1] if found is not None else dlight_schedule(mod, target)[1]
-        picked[name] = (mod, sch if sch is not None else _as_built(mod))
+        ours += rule_schedule(mod, target) is not None
+        picked[name] = (mod, untuned_schedule(mod, target))
     if picked:
         log(f"measuring the untuned schedules of {len(picked)} kernels with the tuning runner ...")
         secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, runner or make_runner(),
@@ -106,6 +110,16 @@ def seed_rules(mods: dict, target, db_dir: str, log=print, runner=None) -> int:
                 continue
             commit_measured(database, mod, sch, secs[name], target)
     return ours
+
+
+def untuned_schedule(mod, target):
+    """The untuned row's Schedule of ``mod``: our rules' (``rule_schedule``), else dlight's, else the
+    kernel as built."""
+    found = rule_schedule(mod, target)
+    if found is not None:
+        return found[1]
+    sch = dlight_schedule(mod, target)[1]
+    return sch if sch is not None else _as_built(mod)
 
 
 def _as_built(mod):
@@ -154,7 +168,73 @@ def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flu
     log(f"tuning {len(mods)} kernels, {trials} trials each ({seeded} seeded with our rules' schedule, the "
         "others with dlight's or as built), "
         f"into {db_dir}")
-    return tune_kernels(mods, target, db_dir, trials, runner=runner, log=log)
+    added = tune_kernels(mods, target, db_dir, trials, runner=runner, log=log)
+    confirm_picks(mods, target, db_dir, runner, log)
+    return added
+
+
+# --------------------------------------------------------------------------- a pick confirmed side by side
+KEPT_FILE = "untuned_kept.json"  # beside the database: kernels whose tuned pick lost the side-by-side check
+PAIRED_ROUNDS = 3
+
+
+def confirm_picks(mods: dict, target, db_dir: str, runner, log=print, rounds: int = PAIRED_ROUNDS) -> dict:
+    """For each kernel of ``mods`` whose best record in ``db_dir`` is not its untuned schedule: both
+    measured by ``runner`` side by side (one batch, adjacent runs), ``rounds`` times; where the pick
+    was not faster in the median of those rounds' ratios, the kernel goes into ``KEPT_FILE`` and
+    ``tuned_schedule`` gives its untuned schedule.  Why: records are measured minutes apart, and on a
+    shared host the runner's figure for one schedule moved by 30-63 % between measurements (Phi-2's
+    decode GEMMs, 2-core EPYC, session 21) while the sketches it ranks differ by a few %.  Returns
+    {kernel: median ratio tuned / untuned}."""
+    import statistics
+
+    import tvm_ffi
+
+    from tvm_ext.tune.database import open_database
+    from tvm_ext.tune.kernels import kernel_key
+    from tvm_ext.tune.runner import runner_seconds
+
+    db, pairs = open_database(db_dir, read_only=True), {}
+    for name, mod in mods.items():
+        best = best_schedule(db, mod)
+        ours = untuned_schedule(mod, target).mod
+        if best is not None and not tvm_ffi.structural_equal(best, ours):
+            pairs[name] = (mod, ours, best)
+    if not pairs:
+        return {}
+    log(f"confirming {len(pairs)} tuned picks against the untuned schedules, side by side, {rounds} rounds ...")
+    ratios = {name: [] for name in pairs}
+    for _ in range(rounds):
+        batch = {}
+        for name, (_, ours, best) in pairs.items():
+            batch[f"{name}/untuned"], batch[f"{name}/tuned"] = ours, best
+        secs = runner_seconds(batch, target, runner, strict=False)
+        for name in pairs:
+            untuned, tuned = secs[f"{name}/untuned"], secs[f"{name}/tuned"]
+            if untuned and tuned:
+                ratios[name].append(tuned / untuned)
+    kept, out = read_kept(db_dir), {}
+    for name, (mod, _, _) in pairs.items():
+        if not ratios[name]:
+            continue
+        out[name] = statistics.median(ratios[name])
+        if out[name] >= 1.0:
+            kept[kernel_key(mod)] = {"kernel": name, "tuned_over_untuned": out[name]}
+        else:
+            kept.pop(kernel_key(mod), None)
+    write_json(os.path.join(db_dir, KEPT_FILE), kept, sort_keys=True)
+    lost = sorted(n for n, r in out.items() if r >= 1.0)
+    log(f"  tuned picks faster side by side: {len(out) - len(lost)} of {len(out)}"
+        + (f"; the untuned schedule stays for {', '.join(lost)}" if lost else ""))
+    return out
+
+
+def read_kept(db_dir: str) -> dict:
+    path = os.path.join(db_dir, KEPT_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 # --------------------------------------------------------------------------- reading one back
@@ -164,3 +244,13 @@ def best_schedule(db, mod):
 
     record = best_record(db, mod)
     return None if record is None else scheduled_mod(record, mod)
+
+
+def tuned_schedule(db, db_dir: str, mod, target):
+    """What the tuned row runs for ``mod``: the best record of ``db`` (in ``db_dir``), unless the
+    side-by-side check (``confirm_picks``) kept the untuned schedule; None without a record."""
+    from tvm_ext.tune.kernels import kernel_key
+
+    if kernel_key(mod) in read_kept(db_dir) and best_record(db, mod) is not None:
+        return untuned_schedule(mod, target).mod
+    return best_schedule(db, mod)

@@ -25,7 +25,7 @@ import numpy as np
 
 from tvm_ext.bench.phi2.kernels import measure_bandwidth, normalize, rule_module
 from tvm_ext.bench.timing import set_threads
-from tvm_ext.tune.seeds import best_schedule, dlight_schedule, rule_schedule
+from tvm_ext.tune.seeds import dlight_schedule, rule_schedule, tuned_schedule
 
 
 SCHEDULES = ("dlight", "rule", "tuned", "none", "int8")
@@ -40,7 +40,8 @@ def schedule(mod, target, how="dlight", database=None):
     attention) for the kernels they match and dlight for the rest (``"int8"``: the same, for a
     module built with ``compute="int8"``: its projections are rules/q4_int8_gemm's); ``"tuned"`` by the best
     record of the tuning database ``database`` (a work dir, read only) for the kernels it holds (same
-    structural hash) and as ``"rule"`` for the rest (tuned at 0 trials is the untuned rule);
+    structural hash; the untuned schedule where the side-by-side check kept it, ``seeds.tuned_schedule``)
+    and as ``"rule"`` for the rest (tuned at 0 trials is the untuned rule);
     ``"none"`` leaves the kernels as built (LLVM
     compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule
     name | "dequant_gemv" | "row_norm_cpu" | "contraction_cpu" |
@@ -63,7 +64,7 @@ def schedule(mod, target, how="dlight", database=None):
             used[gv.name_hint] = "hand-scheduled"
             continue
         m = normalize(func)
-        best = best_schedule(db, m) if db is not None else None
+        best = tuned_schedule(db, database, m, target) if db is not None else None
         ours = rule_schedule(m, target) if how in ("rule", "int8", "tuned") and best is None else None
         if best is not None:
             sch_mod, used[gv.name_hint] = best, "tuned"
