@@ -25,3 +25,11 @@ def write_json(path: str, doc, *, indent=1, **dump_options) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def read_json(path: str, default=None):
+    """The JSON document at ``path``, or ``default`` where there is no such file."""
+    if not os.path.isfile(path):
+        return default
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -11,14 +11,13 @@ never from the database. Records committed by other means (a seed) are not in th
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Callable
 
 import tvm
 import tvm_ffi
 
-from tvm_ext.jsonio import write_json
+from tvm_ext.jsonio import read_json, write_json
 from tvm_ext.tune.database import mean_run_seconds, open_database, records_of, repair_database
 from tvm_ext.tune.driver import Task, tune_task
 from tvm_ext.tune.runner import make_runner
@@ -41,11 +40,7 @@ def kernel_key(mod: tvm.IRModule) -> str:
 
 
 def _read_order(db_dir: str) -> dict:
-    path = os.path.join(db_dir, ORDER_FILE)
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json(os.path.join(db_dir, ORDER_FILE), {})
 
 
 def measure_order(db_dir: str, mod: tvm.IRModule) -> list:

@@ -14,10 +14,9 @@ Phi-2 benches and ``tvm-ext generate`` share.
 """
 from __future__ import annotations
 
-import json
 import os
 
-from tvm_ext.jsonio import write_json
+from tvm_ext.jsonio import read_json, write_json
 from tvm_ext.tune.database import best_record, records_of
 
 GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
@@ -151,11 +150,12 @@ def seed_database(db, mods, dlight, target, dlight_secs):
         )
 
 
-def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flush_cache: bool = False) -> dict:
+def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flush_cache: bool = True) -> dict:
     """Tune every kernel of ``mods`` up to ``trials`` records in ``db_dir`` (resumes), each starting
     from our rules' untuned schedule (``seed_rules``): the tuned schedule never loses to it in the
-    runner's eyes.  ``flush_cache`` (CPU): every candidate, the seed too, runs after a cache flush
-    (``runner.evaluator_config``), as a decode step's weights and KV cache come from DRAM; a runner
+    runner's eyes.  ``flush_cache`` (CPU, the default): every candidate, the seed too, runs after a cache
+    flush (``runner.evaluator_config``), as a model's weights and KV cache come from DRAM (a prompt's and
+    a decode step's share kernels: the head's last-token GEMM; measured one way each time); a runner
     that loops over cache-hot inputs picks schedules that lose there (Phi-2 decode at 512 positions,
     2-core EPYC: the attention-value pick of a cache-hot runner took 6.2 ms a step, our rule's 3.6)."""
     from tvm_ext.targets import resolve_target
@@ -230,11 +230,8 @@ def confirm_picks(mods: dict, target, db_dir: str, runner, log=print, rounds: in
 
 
 def read_kept(db_dir: str) -> dict:
-    path = os.path.join(db_dir, KEPT_FILE)
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """{kernel key: {kernel, tuned_over_untuned}} of the kernels ``confirm_picks`` kept untuned."""
+    return read_json(os.path.join(db_dir, KEPT_FILE), {})
 
 
 # --------------------------------------------------------------------------- reading one back

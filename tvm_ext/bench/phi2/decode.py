@@ -191,7 +191,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     if tune_trials and "tuned" in schedules:
         from tvm_ext.tune.seeds import tune_from_rules
 
-        tune_from_rules(model_kernels(int8_model), target, database, tune_trials, log, flush_cache=True)
+        tune_from_rules(model_kernels(int8_model), target, database, tune_trials, log)
     decs = []
     for how in schedules:
         dec = decoder(int8_model if how in INT8_ROWS else model, target, how, dev=dev, log=log, database=database,
