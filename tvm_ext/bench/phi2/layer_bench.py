@@ -30,7 +30,8 @@ Tuning goes through ``tvm_ext.tune`` (``tune_kernels``: the stack's builder, cac
 runner, search strategy and databases, ``tvm_ext.space``); the seeded database starts from our
 rules' untuned schedule where one applies (the "rule" row's; CPU) and dlight's elsewhere, each
 measured by that same runner first (``kernels.runner_seconds``), so a record ranks above the
-seed only when the runner measured it faster: seeded is the rule row tuned.  Schedules, builds and checks are in
+seed only when the runner measured it faster, and then only if it also wins measured beside the seed
+(``seeds.confirm_picks``): seeded is the rule row tuned.  Schedules, builds and checks are in
 ``kernels``; timing (DRAM-honest: weights cycled through copies exceeding the LLC)
 in ``measure``; the table is printed by the CLI (``tvm_ext.cli.phi2_table``).
 
@@ -72,7 +73,8 @@ from tvm_ext.tune import packed
 from tvm_ext.tune.database import DB_FILES, WORK_ROOT, databases_root, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
 from tvm_ext.tune.runner import make_runner
-from tvm_ext.tune.seeds import best_schedule, dlight_schedule, is_gpu, rule_schedule, seed_database
+from tvm_ext.tune.seeds import (best_schedule, confirm_picks, dlight_schedule, is_gpu, rule_schedule,
+                                 seed_database, tuned_schedule)
 
 DEFAULT_TRIALS = {"phi2-decode": 6, "phi2-prefill": 3}
 SCHEDULES = ("dlight", "metaschedule", "seeded")
@@ -132,10 +134,12 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
                 log(f"  tuning {len(mods)} kernels x {trials} trials -> {path}")
                 tune_kernels(mods, target, path, trials + (1 if sched == "seeded" else 0),
                              log_dir=path + "-work", runner=runner, log=log)
+            if sched == "seeded" and not is_gpu(target):  # each pick measured beside its seed
+                confirm_picks(mods, target, path, runner, log)
         db = open_database(path, read_only=not tuning)  # benching from logs never writes there
         scheduled[sched] = {}
         for name, m in mods.items():
-            best = best_schedule(db, m)
+            best = tuned_schedule(db, path, m, target) if sched == "seeded" else best_schedule(db, m)
             if best is None:  # no record: fall back to the seed (seeded) or the plain kernel
                 best = start[name] if sched == "seeded" else m
             scheduled[sched][name] = best
