@@ -223,10 +223,8 @@ def _dot_tiles(sch, block, spatial, red, roles, sample: bool = False) -> None:
     position = {iv.var: k for k, iv in enumerate(stmt.iter_vars)}
     q_loop, k_loop = spatial[position[query.var]], spatial[position[key.var]]
     outer = [spatial[position[iv.var]] for iv in batch]
-    extent = int(query.dom.extent)
-    tiles = [t for t in QUERY_TILES if extent % t == 0] or [1]
-    q_o, q_i = sch.split(q_loop, [None, sample_choice(sch, tiles, tiles[0], sample and len(tiles) > 1)])
-    k_o, k_i = sch.split(k_loop, [None, next(t for t in KEY_TILES if int(key.dom.extent) % t == 0)])
+    q_o, q_i = sch.split(q_loop, [None, _pick(sch, QUERY_TILES, int(query.dom.extent), sample)])
+    k_o, k_i = sch.split(k_loop, [None, _pick(sch, KEY_TILES, int(key.dom.extent), False)])
     sch.reorder(*outer, q_o, k_o, red, q_i, k_i)
     head = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     big_index = next(k for k, r in enumerate(stmt.reads) if r.source.same_as(_big_load(stmt).source))
@@ -237,10 +235,7 @@ def _dot_tiles(sch, block, spatial, red, roles, sample: bool = False) -> None:
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, k_o)
     sch.parallel(head)
-    sch.unroll(q_i)
-    k_v_o, k_v = sch.split(k_i, [None, 2 * LANES])
-    sch.unroll(k_v_o)
-    sch.vectorize(k_v)
+    _register_tile(sch, q_i, k_i)
     sch.decompose_reduction(block, red)
 
 
@@ -260,18 +255,28 @@ def _axpy_rows(sch, block, spatial, red, length: int, sample: bool = False) -> N
     over the heads."""
     *rows, last = spatial
     head, lane = sch.split(last, [None, length])
-    extent = int(sch.get(rows[-1]).extent)
-    tiles = [t for t in QUERY_TILES if extent % t == 0] or [1]
-    q_o, q_i = sch.split(rows[-1], [None, sample_choice(sch, tiles, tiles[0], sample and len(tiles) > 1)])
+    q_o, q_i = sch.split(rows[-1], [None, _pick(sch, QUERY_TILES, int(sch.get(rows[-1]).extent), sample)])
     sch.reorder(*rows[:-1], head, q_o, red, q_i, lane)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, q_o)
     sch.parallel(sch.fuse(*rows[:-1], head) if rows[:-1] else head)
-    sch.unroll(q_i)
-    lane_o, lane_v = sch.split(lane, [None, 2 * LANES])
-    sch.unroll(lane_o)
-    sch.vectorize(lane_v)
+    _register_tile(sch, q_i, lane)
     sch.decompose_reduction(block, red)
+
+
+def _register_tile(sch, rows, lanes) -> None:
+    """A register tile: its ``rows`` unrolled, its ``lanes`` in unrolled vectors of ``2 * LANES``."""
+    sch.unroll(rows)
+    vectors, lane = sch.split(lanes, [None, 2 * LANES])
+    sch.unroll(vectors)
+    sch.vectorize(lane)
+
+
+def _pick(sch, candidates, extent: int, sample: bool) -> int:
+    """The first of ``candidates`` that divides ``extent`` (1 where none does); with ``sample`` a
+    decision among those that do, that one its first draw."""
+    fits = [c for c in candidates if extent % c == 0] or [1]
+    return sample_choice(sch, fits, fits[0], sample and len(fits) > 1)
 
 
 def _axpy_parts(sch, block, red, length: int, parts: int) -> None:
@@ -308,14 +313,12 @@ def _axpy(sch, block, spatial, red, sample: bool = False) -> None:
     if length is not None and length % (2 * LANES) == 0 and queries > 1:
         _axpy_rows(sch, block, spatial, red, length, sample)
         return
-    parts = [p for p in PARTS if int(sch.get(red).extent) % p == 0]
-    if length is not None and length % LANES == 0 and queries == 1 and parts:
-        _axpy_parts(sch, block, red, length, sample_choice(sch, parts, parts[0], sample and len(parts) > 1))
+    reduced = int(sch.get(red).extent)
+    if length is not None and length % LANES == 0 and queries == 1 and any(reduced % p == 0 for p in PARTS):
+        _axpy_parts(sch, block, red, length, _pick(sch, PARTS, reduced, sample))
         return
     *rows, last = spatial
-    extent = int(sch.get(last).extent)
-    sizes = [c for c in CHUNKS if extent % c == 0]
-    chunk, inner = sch.split(last, [None, sample_choice(sch, sizes, sizes[0], sample and len(sizes) > 1)])
+    chunk, inner = sch.split(last, [None, _pick(sch, CHUNKS, int(sch.get(last).extent), sample)])
     outer = sch.fuse(*rows, chunk) if rows else chunk
     sch.parallel(outer)
     sch.reorder(red, inner)
