@@ -43,15 +43,13 @@ def breakdown(executable, dev, args, workload, work_dir: str, runs: int = 20) ->
     """See the module doc.  ``args``: the network's inputs on ``dev``."""
     from tvm import relax
 
-    from tvm_ext.tune.database import open_database, record_seconds
+    from tvm_ext.tune.database import best_record, open_database, record_seconds
     from tvm_ext.tune.driver import load_tasks, read_meta
-    from tvm_ext.tune.database import best_record
     from tvm_ext.vm_calls import timed_calls
 
     tasks = load_tasks(work_dir, read_meta(work_dir))
     db = open_database(work_dir, read_only=True)
-    best = {t.name: best_record(db, t.mod) for t in tasks}
-    best_s = {name: (record_seconds(r) if r is not None else None) for name, r in best.items()}
+    best_s = {t.name: record_seconds(r) for t in tasks if (r := best_record(db, t.mod)) is not None}
     task_of = _task_of(workload, tasks)
     plain_vm = relax.VirtualMachine(executable, dev)
     plain_vm["main"](*args)  # warm: weights paged in, the pool started

@@ -59,17 +59,18 @@ def runner_seconds(mods, target, runner, builder=None, strict: bool = True) -> d
     names = list(mods)
     builder = builder if builder is not None else make_builder()
     built = builder.build([ms.builder.BuilderInput(mods[n], target) for n in names])
-    out = {}
+    out, ok = {}, []
     for name, b in zip(names, built):
         if b.error_msg and strict:
             raise RuntimeError(f"building {name} for the runner failed: {b.error_msg.splitlines()[0]}")
         if b.error_msg:
             out[name] = None
-    names = [n for n in names if n not in out]
+        else:
+            ok.append((name, b.artifact_path))
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
-    inputs = [ms.runner.RunnerInput(b.artifact_path, device, ms.arg_info.ArgInfo.from_prim_func(mods[n]["main"]))
-              for n, b in zip(list(mods), built) if n in names]
-    for name, future in zip(names, runner.run(inputs)):
+    inputs = [ms.runner.RunnerInput(path, device, ms.arg_info.ArgInfo.from_prim_func(mods[n]["main"]))
+              for n, path in ok]
+    for (name, _), future in zip(ok, runner.run(inputs)):
         res = future.result()
         secs = None if res.error_msg else mean_run_seconds(res.run_secs)
         if secs is None and strict:

@@ -97,8 +97,9 @@ def seed_rules(mods: dict, target, db_dir: str, log=print, runner=None) -> int:
     for name, mod in mods.items():
         if records_of(database, mod):
             continue
-        ours += rule_schedule(mod, target) is not None
-        picked[name] = (mod, untuned_schedule(mod, target))
+        found = rule_schedule(mod, target)
+        ours += found is not None
+        picked[name] = (mod, found[1] if found is not None else _not_ours(mod, target))
     if picked:
         log(f"measuring the untuned schedules of {len(picked)} kernels with the tuning runner ...")
         secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, runner or make_runner(),
@@ -115,8 +116,11 @@ def untuned_schedule(mod, target):
     """The untuned row's Schedule of ``mod``: our rules' (``rule_schedule``), else dlight's, else the
     kernel as built."""
     found = rule_schedule(mod, target)
-    if found is not None:
-        return found[1]
+    return found[1] if found is not None else _not_ours(mod, target)
+
+
+def _not_ours(mod, target):
+    """The untuned Schedule of a kernel no rule of ours matches: dlight's, else as built."""
     sch = dlight_schedule(mod, target)[1]
     return sch if sch is not None else _as_built(mod)
 
