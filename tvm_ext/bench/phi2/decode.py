@@ -5,8 +5,9 @@ memory-bandwidth bound measured in the same run.
 weights), fills every layer's KV cache with ``context`` random past positions, and times
 a greedy decode of ``tokens`` tokens (one step per token: embed, every layer, head,
 argmax on the host), once per round, the rows of one run interleaved round by round.
-Then one more step, at the last position, runs with every VM call
-timed: each kernel's share of that step.
+After each decode one more step, at the last position, runs with every VM call timed: each
+kernel's time inside the running step, its share, and its time over its bytes at that round's
+copy bandwidth.
 
 bound_tok_s = DRAM bandwidth / bytes a token must stream: all layers' and the head's
 weights (packed q4, fp16 scales, biases, LayerNorm) plus the keys and values of the cached
@@ -23,7 +24,7 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2.kernels import measure_bandwidth, normalize, rule_module
+from tvm_ext.bench.phi2.kernels import measure_bandwidth, nbytes, normalize, rule_module
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.tune.seeds import dlight_schedule, rule_schedule, tuned_schedule
 
@@ -128,8 +129,8 @@ def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dli
                log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0, rounds=1,
                peer=None) -> dict:
     """Run the decode (see the module docstring); returns {layers, tokens, context, tok_s,
-    bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, share}],
-    schedule, device, threads, ...}."""
+    bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, calls, ms, share,
+    mbytes, bound_ms, x_bound}] (``_kernel_rows``), schedule, device, threads, ...}."""
     return decode_e2e_rows((schedule,), config, layers, tokens, context, threads, log, target, seed,
                            bandwidth_mb, database, tune_trials, rounds, peer)[0]
 
@@ -287,13 +288,6 @@ def _instrumented_step(dec, ids, context):
 UNBOUNDED = ("kv_write", "embed")  # kernels that touch a sliver of their buffers (one cache slot, one table row)
 
 
-def kernel_bytes(func) -> int:
-    """Bytes of all of ``func``'s buffers: what one call moves when it reads each input whole."""
-    from tvm_ext.arrays import param_buffers
-
-    return sum(int(np.dtype(dtype).itemsize) * int(np.prod(shape)) for _, dtype, shape in param_buffers(func))
-
-
 def _kernel_rows(dec, steps, round_gbs):
     """Each kernel of the decode step inside the running model, largest share first: {name, label,
     share (median over rounds of its part of the instrumented step), ms (median, all its calls in
@@ -310,9 +304,9 @@ def _kernel_rows(dec, steps, round_gbs):
         row = {"name": name, "label": label, "calls": calls, "ms": 1e3 * float(np.median(secs)),
                "share": float(np.median([st[name][0] / (sum(s for s, _ in st.values()) or 1.0) for st in steps]))}
         if name not in UNBOUNDED and label not in UNBOUNDED and name in funcs:
-            nbytes = calls * kernel_bytes(dec.model.mod[name])
-            row.update(mbytes=nbytes / 1e6, bound_ms=1e3 * nbytes / (max(round_gbs) * 1e9),
-                       x_bound=float(np.median([t / (nbytes / (g * 1e9)) for t, g in zip(secs, round_gbs)])))
+            moved = calls * nbytes(dec.model.mod[name])
+            row.update(mbytes=moved / 1e6, bound_ms=1e3 * moved / (max(round_gbs) * 1e9),
+                       x_bound=float(np.median([t / (moved / (g * 1e9)) for t, g in zip(secs, round_gbs)])))
         out.append(row)
     return sorted(out, key=lambda k: -k["share"])
 

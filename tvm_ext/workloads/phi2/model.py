@@ -311,14 +311,10 @@ class Decoder:
             self.caches[i] = [kc, vc]
         return call("head_prompt", x, *self.head_w).numpy().reshape(-1)
 
-    def kernel_times(self, token, pos):
-        """Seconds spent in each kernel (PrimFunc name, summed over its calls in all layers)
-        during one step, timed around every VM call (the step re-runs position ``pos``)."""
-        return self.timed_kernels(lambda call: self.step(token, pos, call=call))
-
     def timed_kernels(self, run):
-        """Seconds per kernel (as ``kernel_times``) of ``run(call)``, which makes its VM calls
-        through ``call(name, *args)`` (``step`` and ``prefill`` take it)."""
+        """Seconds spent in each kernel (PrimFunc name, summed over its calls) during ``run(call)``,
+        which makes its VM calls through ``call(name, *args)`` (``step`` and ``prefill`` take it),
+        timed around every VM call."""
         return {name: secs for name, (secs, _calls) in self.timed_calls(run).items()}
 
     def timed_calls(self, run):
