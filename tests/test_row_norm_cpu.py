@@ -68,6 +68,22 @@ def test_statistics_are_computed_once_per_row(kernels):
         assert out_loops[-1].kind == tvm.tirx.ForKind.VECTORIZED
 
 
+def test_reductions_are_vector_partial_sums(kernels):
+    """Each reduction over D is split into 16 partial sums whose lane loop is vectorized and innermost
+    (under the loop over D / 16), then summed: not one serial chain of D dependent adds."""
+    from tvm.s_tir import Schedule
+
+    for ks in (kernels["decode"], kernels["prefill"]):
+        sch = Schedule(row_norm_cpu.untuned(as_main(_layer_norms(ks)[0].func), None))
+        partials = [b for b in blocks_of(sch.mod["main"]) if b.name_hint.endswith("_rf")]
+        assert len(partials) == 2  # sum and variance sum
+        d = int(sch.mod["main"].params[0].shape[-1])
+        for block in partials:
+            *outer, lane = (sch.get(loop) for loop in sch.get_loops(sch.get_sblock(block.name_hint)))
+            assert lane.kind == tvm.tirx.ForKind.VECTORIZED and int(lane.extent) == 16
+            assert [int(loop.extent) for loop in outer if int(loop.extent) > 1][-1:] == [d // 16]
+
+
 def test_other_kernels_are_left_alone(kernels):
     """The GEMVs, attention, rope: not matched, and ``untuned`` returns them unchanged."""
     others = [k for k in kernels["decode"] + kernels["prefill"]
