@@ -220,3 +220,32 @@ def test_rows_and_table_from_given_times():
     kernel_lines = [cells for cells in map(str.split, lines) if len(cells) == 11 and cells[0] in names]
     assert len(kernel_lines) == len(kss[False].kernels) + len(kss[True].kernels)
     assert all(cells[-2:] == ["3", "-"] for cells in kernel_lines)  # beat@ms, beat@sd
+
+
+def test_rope_tables_survive_the_search_space():
+    """The rope's cos/sin tables (one entry per token and frequency, shared by every head) are blocks of
+    their own in MetaSchedule's design space, a static position (the kernel bench's) and a position tensor
+    (the whole model's) both: AutoInline would put the trigonometry back into each of the heads x
+    head_dim elements of every candidate (RandomComputeLocation may still inline them in a sampled one:
+    a sampled choice, which the search measures)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_ext.rulesets import space
+    from tvm_ext.tir_utils import blocks_of
+    from tvm_ext.workloads.phi2 import model as pm
+
+    target = resolve_target("llvm")
+    ropes = [k.func for k in phi2.kernels(phi2.build_decode(context=4, config="reduced")).kernels
+             if k.name == "rope"]
+    layer = pm.build_model("reduced", layers=1, capacity=4).mod
+    ropes += [f for gv, f in layer.functions_items() if gv.name_hint.startswith("rope")]
+    assert len(ropes) >= 2
+    for func in ropes:
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        kept = []
+        for seed in range(4):
+            ctx = ms.TuneContext(mod=mod, target=target, space_generator=space(target), task_name="rope",
+                                 rand_state=seed)
+            kept += [{"rope_cos", "rope_sin"} <= {b.name_hint for b in blocks_of(c.mod["main"])}
+                     for c in ctx.generate_design_space()]
+        assert any(kept)
