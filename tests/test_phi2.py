@@ -222,6 +222,40 @@ def test_rows_and_table_from_given_times():
     assert all(cells[-2:] == ["3", "-"] for cells in kernel_lines)  # beat@ms, beat@sd
 
 
+def test_a_tuned_pick_equal_to_the_untuned_schedule_is_one_binary_timed_once():
+    """``measure.prepare`` builds a schedule structurally equal to an earlier row's once (``same_as``),
+    ``with_twins`` gives it that row's seconds and the row says so: identical code in two rows differs
+    by nothing, not by the host's noise."""
+    import numpy as np
+
+    from tvm_ext.bench.dram import CopyPlan
+    from tvm_ext.bench.phi2 import measure as pm_measure
+
+    _, kss = pk.kernelsets("phi2-decode", "reduced", CTX, 8, "float32")
+    sched = {}
+    for fusion in (False, True):
+        mods = {k.name: tvm.IRModule({"main": k.func.with_attr("global_symbol", "main")}) for k in kss[fusion].kernels}
+        other = dict(mods)
+        name = kss[fusion].kernels[0].name
+        other[name] = tvm.IRModule({"main": mods[name]["main"].with_attr("tirx.noalias", False)})  # a change
+        sched[fusion] = {"dlight": mods, "rule": dict(mods), "seeded": other}
+    from tvm_ext.workloads.phi2.layers import CONFIGS
+
+    cfg = CONFIGS["reduced"]
+    fns, _, _, _, same = pm_measure.prepare(kss, sched, ("dlight", "rule", "seeded"), resolve_target("llvm"),
+                                            tvm.cpu(0), np.random.default_rng(0), CopyPlan(1 << 20), cfg,
+                                            lambda m: None)
+    for fusion in (False, True):
+        first, *rest = dict.fromkeys(k.name for k in kss[fusion].kernels)
+        assert (fusion, "seeded", first) in fns and (fusion, "seeded", first) not in same
+        for name in rest:
+            assert same[(fusion, "rule", name)] == "dlight" and same[(fusion, "seeded", name)] == "dlight"
+            assert (fusion, "rule", name) not in fns
+    times = {key: float(i) for i, key in enumerate(fns)}
+    filled = pm_measure.with_twins(times, same)
+    assert all(filled[key] == times[(f, twin, n)] for key, twin in same.items() for f, n in [(key[0], key[2])])
+
+
 def test_rope_tables_survive_the_search_space():
     """The rope's cos/sin tables (one entry per token and frequency, shared by every head) are blocks of
     their own in MetaSchedule's design space, a static position (the kernel bench's) and a position tensor

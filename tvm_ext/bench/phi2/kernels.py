@@ -108,11 +108,16 @@ def random_args(func, rng):
     return random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
 
 
+SHARED_BYTES = 256
+
+
 def weight_positions(ks) -> dict:
     """{kernel name: sorted parameter positions that a decode step streams from DRAM}: the
     weights (arguments bound to Relax constants, or computed from constants only, like the
     unfused dequantized matrix) and the KV cache (the layer's parameters after the hidden
-    state).  The other inputs are activations the previous kernel just wrote (cache-hot)."""
+    state).  The other inputs are activations the previous kernel just wrote (cache-hot), and so
+    are constants of at most ``SHARED_BYTES`` (the rotary frequencies, 64 bytes: one table that every
+    layer reads, not a layer's weight)."""
     import tvm
     from tvm import relax
 
@@ -127,7 +132,8 @@ def weight_positions(ks) -> dict:
                 if not (isinstance(val, relax.Call) and getattr(val.op, "name", None) == "relax.call_tir"):
                     continue
                 args = list(val.args[1].fields)
-                const = [isinstance(a, tvm.ir.expr.Constant) or a in derived for a in args]
+                const = [(isinstance(a, tvm.ir.expr.Constant) and a.value.numpy().nbytes > SHARED_BYTES)
+                         or a in derived for a in args]
                 if all(const):
                     derived.add(b.var)
                 pos = out.setdefault(val.args[0].name_hint, set())

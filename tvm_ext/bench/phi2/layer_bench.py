@@ -231,7 +231,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     log(f"  last-level cache {llc / 2**20:.0f} MiB ({llc_source}): {plan.describe()}")
     verified = _verify(wls, kss, sched, target, dev, log, schedules)
     cfg = wls[False]._phi2["cfg"]
-    fns, args, proj, q4 = phi2_measure.prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log)
+    fns, args, proj, q4, same_as = phi2_measure.prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log)
     xs = {}  # one activation row per K: the peers and the int8 projections see the same inputs
     x_of = lambda k: xs.setdefault(k, rng.uniform(-1, 1, k).astype("float32"))  # noqa: E731
     peer_objs = make_peers(peers or [], q4, plan, threads, x_of, log)
@@ -242,11 +242,13 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
         peer_objs += make_int8(q4, plan, target, dev, x_of)
     peer_err = phi2_measure.check_peers(peer_objs, log)
     sec, hot, peer_s, bandwidth, bw_np = phi2_measure.measure(fns, args, peer_objs, dev, rounds, repeat, log)
+    sec, hot = phi2_measure.with_twins(sec, same_as), phi2_measure.with_twins(hot, same_as)
     beat = {fusion: _trials_to_beat(dbs[fusion], kss[fusion], dl_secs[fusion],
                                     {n: t for (f, s, n), t in sec.items() if f == fusion and s == "dlight"})
             for fusion in (False, True)}
     ntok = 1 if kind == "decode" else tokens
-    extra = {"hot": hot, "copies": {key: a.copies for key, a in args.items()}, "projection": proj}
+    extra = {"hot": hot, "copies": {key: a.copies for key, a in args.items()}, "projection": proj,
+             "same_as": same_as}
     if "rule" in schedules:
         extra["rule_matched"] = {(f, k.name) for f in (False, True) for k in kss[f].kernels
                                  if rule_module().matches(normalize(k.func)["main"])}
@@ -314,7 +316,8 @@ def _verify(wls, kss, sched, target, dev, log, schedules=SCHEDULES):
 def _rows(kss, sec, bandwidth, rules, beat, verified, ntok, schedules=SCHEDULES, extra=None):
     """One row per fusion mode x schedule.  ``extra`` (from a measured run): {"hot":
     {(fusion, schedule, name): cache-hot s}, "copies": {(fusion, name): C}, "projection":
-    {(fusion, name, part): projection or None}}."""
+    {(fusion, name, part): projection or None}, "same_as": {(fusion, schedule, name): the earlier
+    schedule whose binary it is (``measure.prepare``)}}."""
     extra = extra or {}
     hot, copies, proj = extra.get("hot", {}), extra.get("copies", {}), extra.get("projection", {})
     rows = []
@@ -331,6 +334,8 @@ def _rows(kss, sec, bandwidth, rules, beat, verified, ntok, schedules=SCHEDULES,
                     e["ms_cache_hot"] = hot[(fusion, s, k.name)] * 1e3 * k.calls
                 if proj.get((fusion, k.name, k.part)):
                     e["projection"] = proj[(fusion, k.name, k.part)]
+                if (fusion, s, k.name) in extra.get("same_as", {}):  # the same binary, timed once
+                    e["same_schedule_as"] = extra["same_as"][(fusion, s, k.name)]
                 if s == "dlight":
                     e["rule"] = rules[fusion][k.name]
                 elif s == "rule":

@@ -87,8 +87,14 @@ def runtimes_with_weights(kss, peers, int8: bool) -> int:
 def prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log):
     """Build every kernel of every schedule and check the others against dlight on the same
     inputs.  Returns ({(fusion, schedule, name): callable}, {(fusion, name): KernelArgs},
-    {(fusion, name): projection or None}, {projection: q4 weights of the fused kernel})."""
-    fns, args, proj, q4 = {}, {}, {}, {}
+    {(fusion, name): projection or None}, {projection: q4 weights of the fused kernel},
+    {(fusion, schedule, name): earlier schedule}).  A schedule whose module is structurally
+    equal to an earlier row's (a tuned pick that is the untuned schedule) is not built again: it
+    is the same binary, timed once (``same_as``), so the two rows differ by nothing, not by noise
+    (the same fc1 timed in two rows differed by 22 % on a shared host)."""
+    import tvm_ffi
+
+    fns, args, proj, q4, same_as = {}, {}, {}, {}, {}
     for fusion in (False, True):
         positions = weight_positions(kss[fusion])
         for k in kss[fusion].kernels:
@@ -101,7 +107,12 @@ def prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log):
                 q4[p] = q4_weights([args[key].base[i] for i in positions[k.name]])
             outs = {}
             for s in schedules:
-                if (fusion, s, k.name) in fns:
+                if (fusion, s, k.name) in fns or (fusion, s, k.name) in same_as:
+                    continue
+                twin = next((t for t in outs if tvm_ffi.structural_equal(sched[fusion][t][k.name],
+                                                                         sched[fusion][s][k.name])), None)
+                if twin is not None:
+                    same_as[(fusion, s, k.name)] = twin
                     continue
                 fn = _main(build(sched[fusion][s][k.name], target), dev)
                 fns[(fusion, s, k.name)] = fn
@@ -114,7 +125,16 @@ def prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log):
                     raise RuntimeError(f"{s} kernel {k.name} (fusion={fusion}) differs from dlight: {err:.3g}")
         log(f"  built fusion={'on' if fusion else 'off'}: copies per kernel "
             + ", ".join(f"{n}={a.copies}" for (f, n), a in args.items() if f == fusion and a.copies > 1))
-    return fns, args, proj, q4
+    return fns, args, proj, q4, same_as
+
+
+def with_twins(times: dict, same_as: dict) -> dict:
+    """``times`` ({(fusion, schedule, name): s}) with each twin of ``prepare`` given its original's."""
+    out = dict(times)
+    for (fusion, s, name), twin in same_as.items():
+        if (fusion, twin, name) in times:
+            out[(fusion, s, name)] = times[(fusion, twin, name)]
+    return out
 
 
 def check_peers(peers, log) -> dict:
