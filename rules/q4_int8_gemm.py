@@ -1,4 +1,4 @@
-"""Q4Int8GEMM: prefill GEMMs of q4 weights x int8 activations on x86 CPUs with VNNI.
+"""Q4Int8GEMM: prefill GEMMs of q4 weights x int8 activations on x86 CPUs with VNNI (and AMX).
 
 Pattern (by structure, see ``match``): an int32 block ``dot[g, t, nb, i] = sum_{v, p, b} ((W[nb, g*4+v, i]
 >> (8b + 4p)) & 15) * X[t, g*4+v, p, b]`` (uint32 words of 16 columns side by side, int8 activations
@@ -15,6 +15,9 @@ as written run scalar; a float GEMM on dequantized weights leaves the int8 units
   accumulators, tensorized with ``intrinsics.q4_vnni`` (each packed word unpacked once for all MB
   tokens, two ``vpdpbusd`` per token and word: 512-bit with AVX-512 VNNI, twice 256-bit with AVX-VNNI;
   ``vpmaddubsw``/``vpmaddwd`` with AVX2 only);
+* on hosts with AMX int8 (Sapphire Rapids and later), first: MB = 16 tokens (all of them below 16)
+  with ``intrinsics.q4_amx``, one ``tdpbssd`` per column block and group (its init loads the tile
+  config); not for one token, nor where 16 does not divide M > 16 (the VNNI sketches only then);
 * the group's float step vectorized over the 16 columns (zero-point term, convert, both scales, FMA
   into the tile's float accumulators), the bias / gelu epilogue at the tile.
 
@@ -22,11 +25,11 @@ One token (M = 1, the decode's GEMV) is DRAM-bound: its tiles are 1 x 16 columns
 thread reads one long contiguous stream (Phi-2 fc1 from DRAM on Zen 4: 0.26 ms, 2 blocks a tile
 0.32 ms), with a software prefetch 8 KiB ahead in it.
 
-Choices: MB (``TOKEN_TILES`` dividing M), NB (``COLUMN_TILES`` dividing N/16) and, for one token, the
-prefetch distance are one sketch each (the tile intrinsic is fixed per trace); the number of token
-chunks is a sampled decision (a perfect tile, mutated by evolutionary search).  ``untuned(mod,
-target)`` applies the first sketch with one chunk; blocks the rule scheduled are annotated
-``schedule_rule: "None"`` for PostOrderApply's other rules.
+Choices: the form (``forms``: AMX, then the host's VNNI / AVX2 form), MB (``TOKEN_TILES`` dividing M),
+NB (``COLUMN_TILES`` dividing N/16) and, for one token, the prefetch distance are one sketch each (the
+tile intrinsic is fixed per trace); the number of token chunks is a sampled decision (a perfect tile,
+mutated by evolutionary search).  ``untuned(mod, target)`` applies the first sketch with one chunk;
+blocks the rule scheduled are annotated ``schedule_rule: "None"`` for PostOrderApply's other rules.
 """
 from __future__ import annotations
 
@@ -39,12 +42,13 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.intrinsics import q4_vnni
+from tvm_ext.intrinsics import q4_amx, q4_vnni
 from tvm_ext.tir_utils import root_child_blocks, schedule_each
 
 DEFAULT_MB = 4
 DEFAULT_NB = 2
 DEFAULT_AHEAD = 8192  # one token: prefetch distance in bytes
+DEFAULT_AMX_NB = 4  # AMX: tdpbssd calls per tile (one A load, one config check for all)
 SKIP = ("schedule_rule", "None")
 
 
@@ -119,7 +123,13 @@ def sketches(p: Q4GemmPattern, form: str = "avx512vnni") -> list:
     """Every (MB, NB, prefetch bytes) the rule offers for ``p``, the default first.  Many tokens: 4 x 2
     with 512-bit vpdpbusd, 2 x 2 with 256-bit (16 vector registers without AVX-512: 4 x 2 tiles spill,
     0.46 vs 0.80 TOPS on Zen 4), no prefetch.  One token: 1 x 1 prefetching 8 KiB ahead, then the
-    other distances and wider tiles."""
+    other distances and wider tiles.  AMX forms: 16 tokens (all of them below 16) x 4, 2, 1 column
+    blocks; none where 16 does not divide M > 16 (``q4_amx.token_tile``) or M = 1."""
+    if form in q4_amx.FORMS:
+        mb = q4_amx.token_tile(p.tokens)
+        nbs = sorted((n for n in q4_amx.COLUMN_TILES if p.column_blocks % n == 0),
+                     key=lambda n: (n != DEFAULT_AMX_NB, -n))
+        return [(mb, n, 0) for n in nbs] if mb else []
     mbs, nbs = token_tiles(p), column_tiles(p)
     if p.tokens == 1:
         return [(1, n, a) for n in nbs for a in sorted(q4_vnni.AHEAD, reverse=True) if n == 1 or a]
@@ -134,7 +144,8 @@ def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, ahead: int = 0, chunks=1, 
     cut into ``chunks`` chunks, each passing over all column tiles in turn: 1 = columns outer (a
     column tile's weights stay in cache while every token tile uses them), M / MB = tokens outer.
     With ``sample`` that cut is a sampled decision (a perfect tile, first draw ``chunks``).  ``form``:
-    the tile intrinsic's instructions (``q4_vnni.form_for``); ``ahead``: its prefetch distance."""
+    the tile intrinsic's instructions (``q4_vnni.form_for``, or "amx" / "amx_emu": ``q4_amx``, its init
+    tensorized too: the tile config is loaded there); ``ahead``: its prefetch distance."""
     dot, scale = sch.get_sblock(p.dot), sch.get_sblock(p.scale)
     *outer, t, j, g = sch.get_loops(scale)
     t_o, t_i = sch.split(t, [None, mb])
@@ -154,8 +165,13 @@ def schedule(sch, p: Q4GemmPattern, mb: int, nb: int, ahead: int = 0, chunks=1, 
         sch.vectorize(sch.split(last, [None, 16])[1])
     sch.compute_at(dot, g)
     inner = sch.get_loops(dot)[len(outer) + 2:]  # below ``tiles`` and ``g``
-    sch.decompose_reduction(dot, inner[0])
-    sch.tensorize(inner[0], q4_vnni.register(mb, nb, form, ahead))
+    init = sch.decompose_reduction(dot, inner[0])
+    if form in q4_amx.FORMS:
+        dot_intrin, init_intrin = q4_amx.register(mb, nb, emulated=form == "amx_emu")
+        sch.tensorize(sch.get_loops(init)[len(outer) + 2], init_intrin)
+        sch.tensorize(inner[0], dot_intrin)
+    else:
+        sch.tensorize(inner[0], q4_vnni.register(mb, nb, form, ahead))
     sch.vectorize(j_i)
     if annotate:  # the root too: its parallel/vectorize annotations would be rewritten onto loops that
         # are parallel already, around the tensorized block (RewriteParallelVectorizeUnroll fails there)
@@ -177,12 +193,21 @@ def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
     return schedule_each(mod, lambda func, name: schedule_of(func, name, target))
 
 
-def schedule_of(func, name: str = "main", target=None):
-    """A Schedule of ``func`` (as ``name``) with the first sketch applied for ``target``'s form
-    (AVX-512 VNNI when no target is given; its trace can seed a tuning database), or None where it
-    does not hold the pattern or ``target`` has no AVX2."""
-    form = "avx512vnni" if target is None else q4_vnni.form_for(tvm.target.Target(target))
-    if form is None:
+def forms(target, emulated: bool = False) -> list:
+    """The tile forms the rule offers on ``target``, best first: AMX where it has AMX int8 (the
+    emulated twin instead where it has not and ``emulated``), then the VNNI / AVX2 form; empty
+    where it has no AVX2."""
+    vnni = q4_vnni.form_for(target)
+    amx = q4_amx.form_for(target, emulated) if vnni else None
+    return [f for f in (amx, vnni) if f]
+
+
+def schedule_of(func, name: str = "main", target=None, emulated: bool = False):
+    """A Schedule of ``func`` (as ``name``) with the first sketch applied for ``target``'s best form
+    (``forms``: AVX-512 VNNI when no target is given; its trace can seed a tuning database), or None
+    where it does not hold the pattern or ``target`` has no AVX2."""
+    offered = ["avx512vnni"] if target is None else forms(tvm.target.Target(target), emulated)
+    if not offered:
         return None
     found = root_child_blocks(func)
     if found is None:
@@ -191,42 +216,50 @@ def schedule_of(func, name: str = "main", target=None):
     p = next((m for m in (match(sch, b) for b in blocks) if m is not None), None)
     if p is None:
         return None
-    sch = Schedule(tvm.IRModule({name: func}))
-    sch.work_on(name)
-    try:
-        schedule(sch, p, *sketches(p, form)[0], form=form)
-    except ScheduleError:
-        return None
-    return sch
+    for form in offered:  # AMX offers no sketch for M = 1 or M > 16 not a multiple of 16
+        first = sketches(p, form)[:1]
+        if not first:
+            continue
+        sch = Schedule(tvm.IRModule({name: func}))
+        sch.work_on(name)
+        try:
+            schedule(sch, p, *first[0], form=form)
+        except ScheduleError:
+            continue
+        return sch
+    return None
 
 
 @derived_object
 class Q4Int8GEMM(PyScheduleRule):
-    """Schedule rule: one sketch per (MB, NB, prefetch) for the q4 x int8 GEMM (module doc); other
-    blocks pass.  Offers nothing where the target has no AVX2."""
+    """Schedule rule: one sketch per (form, MB, NB, prefetch) for the q4 x int8 GEMM (module doc); other
+    blocks pass.  Offers nothing where the target has no AVX2.  ``emulated``: the AMX sketches with the
+    plain-code twins of the AMX tile on targets without AMX (tests)."""
 
-    def __init__(self) -> None:
+    def __init__(self, emulated: bool = False) -> None:
         super().__init__()
-        self.form = "avx512vnni"
+        self.emulated = emulated
+        self.forms = ["avx512vnni"]
 
     def _initialize_with_tune_context(self, context) -> None:
-        self.form = q4_vnni.form_for(context.target)
+        self.forms = forms(context.target, self.emulated)
 
     def apply(self, sch, block):
-        p = match(sch, block) if self.form else None
+        p = match(sch, block) if self.forms else None
         if p is None:
             return [sch]
         out = []
-        for sketch in sketches(p, self.form):
-            cand = sch.copy()
-            try:
-                schedule(cand, p, *sketch, sample=True, annotate=True, form=self.form)
-            except ScheduleError:
-                continue
-            out.append(cand)
+        for form in self.forms:
+            for sketch in sketches(p, form):
+                cand = sch.copy()
+                try:
+                    schedule(cand, p, *sketch, sample=True, annotate=True, form=form)
+                except ScheduleError:
+                    continue
+                out.append(cand)
         return out or [sch]
 
     def clone(self):
-        other = Q4Int8GEMM()
-        other.form = self.form
+        other = Q4Int8GEMM(self.emulated)
+        other.forms = list(self.forms)
         return other

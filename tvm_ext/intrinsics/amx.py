@@ -80,18 +80,19 @@ def init_for_dot(dot_name: str) -> str:
     return init_intrin(rows, dot_name.endswith("_emu"))
 
 
-def tile_config_bytes(rows: int = 16) -> list[int]:
-    """The 64-byte ``ldtilecfg`` operand: palette 1; C and A tiles of ``rows`` x 64 bytes,
-    B tile of 16 x 64 bytes.
+def tile_config_bytes(rows: int = 16, a_colsb: int = COLSB, b_rows: int = K_ROWS) -> list[int]:
+    """The 64-byte ``ldtilecfg`` operand: palette 1; a C tile of ``rows`` x 64 bytes, an A
+    tile of ``rows`` x ``a_colsb`` bytes, a B tile of ``b_rows`` x 64 bytes (defaults: this
+    module's tiles, 64 k a dot; ``intrinsics.q4_amx``: 32 k, A 32 bytes, B 8 rows).
 
     Layout (Intel SDM): byte 0 palette, byte 1 start_row, bytes 16..47 colsb of tiles
     0..15 (uint16 little endian), bytes 48..63 rows of tiles 0..15.
     """
     cfg = [0] * 64
     cfg[0] = 1
-    for tile, nrows in ((TILE_C, rows), (TILE_A, rows), (TILE_B, K_ROWS)):
-        cfg[16 + 2 * tile] = COLSB & 0xFF
-        cfg[17 + 2 * tile] = COLSB >> 8
+    for tile, nrows, colsb in ((TILE_C, rows, COLSB), (TILE_A, rows, a_colsb), (TILE_B, b_rows, COLSB)):
+        cfg[16 + 2 * tile] = colsb & 0xFF
+        cfg[17 + 2 * tile] = colsb >> 8
         cfg[48 + tile] = nrows
     return cfg
 
@@ -165,10 +166,33 @@ def _init_desc(c: T.handle, rows: T.int32) -> None:
                 C[vm, vn] = T.int32(0)
 
 
-# tile_config_bytes(rows) as 8 little-endian uint64 words: word 0 = palette 1, word 2 =
-# colsb 64 of tiles 0..2, word 6 = rows of tiles 0..2 (rows, rows, 16); the rest 0
+# tile_config_bytes(rows, a_colsb, b_rows) as 8 little-endian uint64 words: word 0 =
+# palette 1, word 2 = colsb of tiles 0..2 (64, a_colsb, 64), word 6 = rows of tiles 0..2
+# (rows, rows, b_rows); the rest 0
 _CFG_W0 = 1
-_CFG_W2 = COLSB | (COLSB << 16) | (COLSB << 32)
+
+
+def _cfg_w2(a_colsb: int) -> int:
+    return COLSB | (a_colsb << 16) | (COLSB << 32)
+
+
+@T.macro
+def ensure_tile_config(rows, a_colsb, b_rows):
+    """Make the thread's tile configuration ``tile_config_bytes(rows, a_colsb, b_rows)``
+    (``a_colsb``, ``b_rows``: Python ints; ``rows``: an int or a template's parameter).
+    ldtilecfg costs ~290 cycles (measured on Sapphire Rapids: 301 cycles for config + zero
+    + store of a tile vs 12 without it), sttilecfg and a compare ~14: the thread's
+    configuration is read back and loaded only when the words of tiles 0..2 differ (a
+    fresh thread's config reads as zeros; another kernel's tile shape differs)."""
+    cur = T.decl_buffer((8,), "uint64", scope="local")
+    T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", cur.access_ptr("w")))
+    w6 = T.Cast("uint64", rows) | T.shift_left(T.Cast("uint64", rows), T.uint64(8)) | T.uint64(b_rows << 16)
+    if cur[0] != T.uint64(_CFG_W0) or cur[2] != T.uint64(_cfg_w2(a_colsb)) or cur[6] != w6:
+        cfg = T.decl_buffer((8,), "uint64", scope="local")
+        for w in T.unroll(8):
+            cfg[w] = T.Select(w == 0, T.uint64(_CFG_W0), T.Select(w == 2, T.uint64(_cfg_w2(a_colsb)), T.Select(
+                w == 6, w6, T.uint64(0))))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", cfg.access_ptr("r")))
 
 
 @T.prim_func(s_tir=True)
@@ -178,19 +202,7 @@ def _init_impl(c: T.handle, rows: T.int32) -> None:
     with T.sblock("root"):
         T.reads()
         T.writes(C[0:rows, 0:16])
-        # ldtilecfg costs ~290 cycles (measured on Sapphire Rapids: 301 cycles for config +
-        # zero + store of a tile vs 12 without it), sttilecfg and a compare ~14: the thread's
-        # configuration is read back and loaded only when the words of tiles 0..2 differ (a
-        # fresh thread's config reads as zeros; another kernel's tile shape differs)
-        cur = T.decl_buffer((8,), "uint64", scope="local")
-        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.sttilecfg", cur.access_ptr("w")))
-        w6 = T.Cast("uint64", rows) | T.shift_left(T.Cast("uint64", rows), T.uint64(8)) | T.uint64(K_ROWS << 16)
-        if cur[0] != T.uint64(_CFG_W0) or cur[2] != T.uint64(_CFG_W2) or cur[6] != w6:
-            cfg = T.decl_buffer((8,), "uint64", scope="local")
-            for w in T.unroll(8):
-                cfg[w] = T.Select(w == 0, T.uint64(_CFG_W0), T.Select(w == 2, T.uint64(_CFG_W2), T.Select(
-                    w == 6, w6, T.uint64(0))))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.ldtilecfg", cfg.access_ptr("r")))
+        ensure_tile_config(rows, COLSB, K_ROWS)
         T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilezero", T.int8(TILE_C)))
         T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilestored64", T.int8(TILE_C),
                                       C.access_ptr("w"), T.int64(sc) * T.int64(4)))

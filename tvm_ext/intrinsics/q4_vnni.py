@@ -166,12 +166,16 @@ def register(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0) -> str:
 
 def register_intrinsics() -> None:
     """Every form the rule offers (a database whose traces name them loads only once they exist):
-    every (MB, NB) of each ISA form, the prefetching ones for one token."""
+    every (MB, NB) of each ISA form, the prefetching ones for one token; the AMX form's tiles too
+    (``q4_amx``: the rule offers them on AMX hosts)."""
+    from tvm_ext.intrinsics import q4_amx  # pylint: disable=import-outside-toplevel
+
     for form in FORMS:
         for mb in TOKEN_TILES:
             for nb in COLUMN_TILES:
                 for ahead in AHEAD if mb == 1 else (0,):
                     register(mb, nb, form, ahead)
+    q4_amx.register_intrinsics()
 
 
 def form_for(target) -> str | None:
