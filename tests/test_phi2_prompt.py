@@ -139,11 +139,15 @@ def test_tuning_starts_from_our_rules(model, tmp_path):
 
 
 @needs_vnni
-def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path):
-    """confirm_picks measures a best record that is not the untuned schedule beside it: here a record
-    claiming 1 ns for Phi-2's fc1 GEMV (one token, 10240 x 2560) left unscheduled (scalar code) against
-    our tensorized one; it loses, the kernel is kept in untuned_kept.json and the tuned row runs ours.
-    (At the reduced config's sizes the unscheduled serial kernel wins: no thread pool to wake.)"""
+@pytest.mark.parametrize("how", ["runner", "cycled"])
+def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path, how):
+    """confirm_picks measures a best record that is not the untuned schedule beside it (by the tuning
+    runner, or back to back on DRAM-cycled arguments: ``bench.cycled.CycledTimer``, what generate and the
+    benches pass): here a record claiming 1 ns for Phi-2's fc1 GEMV (one token, 10240 x 2560) left
+    unscheduled (scalar code) against our tensorized one; it loses, the kernel is kept in
+    untuned_kept.json and the tuned row runs ours.  (At the reduced config's sizes the unscheduled serial
+    kernel wins: no thread pool to wake.)"""
+    from tvm_ext.bench.cycled import CycledTimer
     from tvm.s_tir import Schedule
 
     from tvm_ext.bench.phi2.decode import model_kernels
@@ -164,7 +168,9 @@ def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path):
     commit_measured(db, mod, sch, 1e-9, target)
     ours = rule_schedule(mod, target)[1].mod
     tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), mod)  # the claim, unchecked
-    ratios = confirm_picks(mods, target, str(tmp_path), make_runner(), log=lambda m: None, rounds=1)
+    measure = CycledTimer(target) if how == "cycled" else None
+    ratios = confirm_picks(mods, target, str(tmp_path), make_runner(), log=lambda m: None, rounds=1,
+                           measure=measure)
     assert ratios[name] > 1.0
     assert name in json.dumps(json.loads((tmp_path / KEPT_FILE).read_text()))
     tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), ours)

@@ -75,3 +75,33 @@ def test_busy_turns_are_reported():
     quiet = []
     time_interleaved({"a": lambda: None}, rounds=2, settle=lambda: True, log=quiet.append)
     assert quiet == []
+
+
+def test_cycled_timer_shares_arguments_per_signature_and_cycles_copies():
+    """CycledTimer: two schedules of one kernel built apart and given the same argument copies, enough
+    copies that they exceed the plan's cycle (here 1 MiB for a 64 KiB kernel: 16), each timing a
+    window of them in turn; a module that does not build gets None, as runner_seconds' non-strict one."""
+    tvm = pytest.importorskip("tvm")
+    from tvm.script import tirx as T
+
+    from tvm_ext.bench.cycled import CycledTimer
+    from tvm_ext.bench.dram import CopyPlan
+
+    @T.prim_func(s_tir=True)
+    def scale(a: T.Buffer((8192,), "float32"), b: T.Buffer((8192,), "float32")):
+        for i in range(8192):
+            with T.sblock("b"):
+                vi = T.axis.remap("S", [i])
+                b[vi] = a[vi] * T.float32(2)
+
+    plain = tvm.IRModule({"main": scale.with_attr("global_symbol", "main")})
+    sch = tvm.s_tir.Schedule(plain)
+    sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("b"))[0], [None, 16])[1])
+    timer = CycledTimer("llvm", plan=CopyPlan(1 << 19), window=4)
+    secs = timer({"plain": plain, "vector": sch.mod, "plain again": plain})
+    assert all(s is not None and s > 0 for s in secs.values())
+    assert len(timer._fns) == 2 and len(timer._sets) == 1  # built per module, arguments per signature
+    (sets,) = timer._sets.values()
+    assert len(sets) == 16 and next(iter(timer._cursor.values())) == 12  # 3 windows of 4 copies
+    broken = tvm.IRModule({"main": scale.with_attr("global_symbol", "main").with_attr("target", 5)})
+    assert timer({"broken": broken}) == {"broken": None}

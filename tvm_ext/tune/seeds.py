@@ -154,14 +154,16 @@ def seed_database(db, mods, dlight, target, dlight_secs):
         )
 
 
-def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flush_cache: bool = True) -> dict:
+def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flush_cache: bool = True,
+                    measure=None) -> dict:
     """Tune every kernel of ``mods`` up to ``trials`` records in ``db_dir`` (resumes), each starting
     from our rules' untuned schedule (``seed_rules``): the tuned schedule never loses to it in the
     runner's eyes.  ``flush_cache`` (CPU, the default): every candidate, the seed too, runs after a cache
     flush (``runner.evaluator_config``), as a model's weights and KV cache come from DRAM (a prompt's and
     a decode step's share kernels: the head's last-token GEMM; measured one way each time); a runner
     that loops over cache-hot inputs picks schedules that lose there (Phi-2 decode at 512 positions,
-    2-core EPYC: the attention-value pick of a cache-hot runner took 6.2 ms a step, our rule's 3.6)."""
+    2-core EPYC: the attention-value pick of a cache-hot runner took 6.2 ms a step, our rule's 3.6).
+    ``measure``: how ``confirm_picks`` times each pick beside its untuned schedule (default the runner)."""
     from tvm_ext.targets import resolve_target
     from tvm_ext.tune.kernels import tune_kernels
     from tvm_ext.tune.runner import make_runner
@@ -173,7 +175,7 @@ def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flu
         "others with dlight's or as built), "
         f"into {db_dir}")
     added = tune_kernels(mods, target, db_dir, trials, runner=runner, log=log)
-    confirm_picks(mods, target, db_dir, runner, log)
+    confirm_picks(mods, target, db_dir, runner, log, measure=measure)
     return added
 
 
@@ -182,9 +184,12 @@ KEPT_FILE = "untuned_kept.json"  # beside the database: kernels whose tuned pick
 PAIRED_ROUNDS = 3
 
 
-def confirm_picks(mods: dict, target, db_dir: str, runner, log=print, rounds: int = PAIRED_ROUNDS) -> dict:
+def confirm_picks(mods: dict, target, db_dir: str, runner, log=print, rounds: int = PAIRED_ROUNDS,
+                  measure=None) -> dict:
     """For each kernel of ``mods`` whose best record in ``db_dir`` is not its untuned schedule: both
-    measured by ``runner`` side by side (one batch, adjacent runs), ``rounds`` times; where the pick
+    measured side by side (one batch, adjacent runs), ``rounds`` times, by ``measure`` ({name: IRModule}
+    -> {name: seconds or None}; default: ``runner``, as ``runner_seconds`` does, a failure None;
+    ``bench.cycled.CycledTimer``: back to back on DRAM-cycled arguments, as a model runs); where the pick
     was not faster in the median of those rounds' ratios, the kernel goes into ``KEPT_FILE`` and
     ``tuned_schedule`` gives its untuned schedule.  Why: records are measured minutes apart, and on a
     shared host the runner's figure for one schedule moved by 30-63 % between measurements (Phi-2's
@@ -206,13 +211,15 @@ def confirm_picks(mods: dict, target, db_dir: str, runner, log=print, rounds: in
             pairs[name] = (mod, ours, best)
     if not pairs:
         return {}
+    if measure is None:
+        measure = lambda batch: runner_seconds(batch, target, runner, strict=False)  # noqa: E731
     log(f"confirming {len(pairs)} tuned picks against the untuned schedules, side by side, {rounds} rounds ...")
     ratios = {name: [] for name in pairs}
     for _ in range(rounds):
         batch = {}
         for name, (_, ours, best) in pairs.items():
             batch[f"{name}/untuned"], batch[f"{name}/tuned"] = ours, best
-        secs = runner_seconds(batch, target, runner, strict=False)
+        secs = measure(batch)
         for name in pairs:
             untuned, tuned = secs[f"{name}/untuned"], secs[f"{name}/tuned"]
             if untuned and tuned:

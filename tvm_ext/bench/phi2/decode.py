@@ -190,9 +190,11 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     if any(how in INT8_ROWS for how in schedules):  # same weights and parameters, int8 projections
         int8_model = pm.build_model(config, layers, capacity=context + tokens, seed=seed, compute="int8")
     if tune_trials and "tuned" in schedules:
+        from tvm_ext.bench.cycled import CycledTimer
         from tvm_ext.tune.seeds import tune_from_rules
 
-        tune_from_rules(model_kernels(int8_model), target, database, tune_trials, log)
+        tune_from_rules(model_kernels(int8_model), target, database, tune_trials, log,
+                        measure=CycledTimer(target))
     decs = []
     for how in schedules:
         dec = decoder(int8_model if how in INT8_ROWS else model, target, how, dev=dev, log=log, database=database,

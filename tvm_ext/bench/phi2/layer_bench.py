@@ -73,6 +73,7 @@ from tvm_ext.tune import packed
 from tvm_ext.tune.database import DB_FILES, WORK_ROOT, databases_root, open_database
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
 from tvm_ext.tune.runner import make_runner
+from tvm_ext.bench.cycled import CycledTimer
 from tvm_ext.tune.seeds import (best_schedule, confirm_picks, dlight_schedule, is_gpu, rule_schedule,
                                  seed_database, tuned_schedule)
 
@@ -135,7 +136,7 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
                 tune_kernels(mods, target, path, trials + (1 if sched == "seeded" else 0),
                              log_dir=path + "-work", runner=runner, log=log)
             if sched == "seeded" and not is_gpu(target):  # each pick measured beside its seed
-                confirm_picks(mods, target, path, runner, log)
+                confirm_picks(mods, target, path, runner, log, measure=CycledTimer(target))
         db = open_database(path, read_only=not tuning)  # benching from logs never writes there
         scheduled[sched] = {}
         for name, m in mods.items():

@@ -160,9 +160,11 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     model = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="int8", prompt=prompt)
     ids = [int(t) for t in np.random.default_rng([seed, 7]).integers(model.cfg["vocab"], size=prompt)]
     if tune_trials:
+        from tvm_ext.bench.cycled import CycledTimer
         from tvm_ext.tune.seeds import tune_from_rules
 
-        tune_from_rules(model_kernels(model, PROMPT_FUNCS), target, database, tune_trials, log)
+        tune_from_rules(model_kernels(model, PROMPT_FUNCS), target, database, tune_trials, log,
+                        measure=CycledTimer(target))
     shapes = _gemm_shapes(model)
     dev, rows, shared = tvm.cpu(0), [], None
     for how in schedules:
