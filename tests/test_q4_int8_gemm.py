@@ -57,12 +57,18 @@ def _run(mod, x, packed, scale, bias, m=M, n=N, target=HOST):
     return y.numpy()[0]
 
 
-def test_quantize_tokens_matches_numpy():
-    x = _operands()[0]
+@pytest.mark.parametrize("m", [1, M])
+def test_quantize_tokens_matches_numpy(m):
+    """Bit for bit, one token (serial) and several (parallel): a group of zeros (scale 0), one of exact
+    halves after scaling (round half to even: 2.5 -> 2, -3.5 -> -4), every byte in xq's order."""
+    x = _operands()[0][:m].copy()
+    x[0, 32:64] = 0.0
+    x[0, 64:96] = np.linspace(-15.5, 15.5, 32, dtype="float32")
+    x[0, 64] = 127.0  # the group's max: scale 1, the halves stay halves
     dev = tvm.cpu()
     outs = [tvm.runtime.tensor(np.zeros(s, dt), dev) for s, dt in
-            (((M, K // 8, 2, 4), "int8"), ((M, K // 32), "float32"), ((M, K // 32), "int32"))]
-    func = g.quantize_tokens(M, K).with_attr("global_symbol", "main")
+            (((m, K // 8, 2, 4), "int8"), ((m, K // 32), "float32"), ((m, K // 32), "int32"))]
+    func = g.quantize_tokens(m, K).with_attr("global_symbol", "main")
     tvm.compile(tvm.IRModule({"main": func}), target=HOST)["main"](tvm.runtime.tensor(x[None], dev), *outs)
     for got, want in zip(outs, g.quantize_np(x)):
         np.testing.assert_array_equal(got.numpy(), want)

@@ -99,35 +99,53 @@ def gemm(m: int, n: int, k: int, epilogue: str = "bias", scale_dtype: str = "flo
 
 
 # ----------------------------------------------------------------------------- quantize
+# byte o of a group's 32 in ``xq`` holds input PERM[o] (o = 8v + 4p + b holds 8v + 2b + p)
+PERM = [8 * (o // 8) + 2 * (o % 4) + (o % 8) // 4 for o in range(GROUP)]
+
+
 def quantize_tokens(m: int, k: int):
     """PrimFunc x (1, M, K) float32 -> (xq (M, K/8, 2, 4) int8, x_scale (M, K/32), corr (M, K/32)):
-    per token and group of 32, scale = max|x| / 127, xq = round-half-even(x / scale), corr = -7 sum xq."""
+    per token and group of 32, scale = max|x| / 127, xq = round-half-even(x / scale), corr = -7 sum xq.
+    Written vectorized: a group is two 16-lane vectors, its max and sum folded to 16 lanes then summed,
+    its 32 int8 values put in ``xq``'s order by one shuffle (``PERM``) and stored at once; the tokens in
+    parallel.  Scalar, as before: a 128 x 10240 prompt quantize took 1.1-2.0 ms, 0.17 ms vectorized
+    (2-core Zen 4), 6-8 % of a prefill."""
     from tvm.script import tirx as T
 
     check_shape(m, 2 * LANES, k)
     groups = k // GROUP
-    # one token is a few microseconds of work: waking the thread pool costs more (decode: 7 -> ? us a call)
+    # one token is a few microseconds of work: waking the thread pool costs more
     loop = T.parallel if m > 1 else T.serial
+    half = GROUP // 2
 
     @T.prim_func(private=True, s_tir=True)
     def quantize(x: T.Buffer((1, m, k), "float32"), xq: T.Buffer((m, k // 8, 2, 4), "int8"),
                  x_scale: T.Buffer((m, groups), "float32"), corr: T.Buffer((m, groups), "int32")):
         T.func_attr({"op_pattern": 8, "tirx.noalias": True, "tir.is_scheduled": True})
         with T.sblock("root"):
-            for tg in loop(m * groups):
-                amax = T.decl_buffer((1,), "float32")
-                s = T.decl_buffer((1,), "int32")
-                amax[0] = T.float32(0)
-                for j in range(GROUP):
-                    amax[0] = T.max(amax[0], T.fabs(x[0, tg // groups, tg % groups * GROUP + j]))
-                inv = T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
-                s[0] = 0
-                for j in range(GROUP):
-                    q = T.Cast("int8", T.round(x[0, tg // groups, tg % groups * GROUP + j] * inv))
-                    xq[tg // groups, tg % groups * WORDS + j // 8, j % 2, j % 8 // 2] = q
-                    s[0] = s[0] + T.Cast("int32", q)
-                x_scale[tg // groups, tg % groups] = amax[0] / T.float32(127)
-                corr[tg // groups, tg % groups] = s[0] * -ZERO_POINT
+            flat = T.decl_buffer((m * k,), "int8", data=xq.data)
+            for t in loop(m):
+                folded = T.decl_buffer((half,), "float32", scope="local")
+                amax = T.decl_buffer((1,), "float32", scope="local")
+                partial = T.decl_buffer((half,), "int32", scope="local")
+                total = T.decl_buffer((1,), "int32", scope="local")
+                for g in range(groups):
+                    lo = x.vload([0, t, g * GROUP], f"float32x{half}")
+                    hi = x.vload([0, t, g * GROUP + half], f"float32x{half}")
+                    folded[T.ramp(0, 1, half)] = T.max(T.fabs(lo), T.fabs(hi))
+                    amax[0] = T.float32(0)
+                    for lane in range(half):
+                        amax[0] = T.max(amax[0], folded[lane])
+                    inv = T.if_then_else(amax[0] > T.float32(0), T.float32(127) / amax[0], T.float32(0))
+                    q_lo = T.Cast(f"int8x{half}", T.round(lo * T.Broadcast(inv, half)))
+                    q_hi = T.Cast(f"int8x{half}", T.round(hi * T.Broadcast(inv, half)))
+                    flat[T.ramp((t * groups + g) * GROUP, 1, GROUP)] = T.Shuffle([q_lo, q_hi], PERM)
+                    partial[T.ramp(0, 1, half)] = T.Cast(f"int32x{half}", q_lo) + T.Cast(f"int32x{half}", q_hi)
+                    total[0] = 0
+                    for lane in range(half):
+                        total[0] = total[0] + partial[lane]
+                    x_scale[t, g] = amax[0] / T.float32(127)
+                    corr[t, g] = total[0] * -ZERO_POINT
 
     return quantize
 
