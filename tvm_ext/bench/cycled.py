@@ -19,7 +19,8 @@ from tvm_ext.arrays import param_buffers, random_arrays
 from tvm_ext.bench.dram import CopyPlan, llc_bytes
 from tvm_ext.bench.timing import wait_until_idle
 
-WINDOW = 64  # calls per timing: copies used in turn (fewer when there are fewer copies)
+WINDOW = 64  # calls per timing, copies used in turn: fewer when there are fewer copies, but at least
+MIN_CALLS = 8  # (a copy as large as the cycle, lm_head's 65 MB, comes from DRAM again the next call)
 
 
 class CycledTimer:
@@ -59,7 +60,7 @@ class CycledTimer:
         return sig, self._sets[sig]
 
     def _window(self, sig, sets):
-        n = min(self.window, len(sets))
+        n = min(self.window, max(len(sets), MIN_CALLS))
         start = self._cursor[sig]
         self._cursor[sig] = (start + n) % len(sets)
         return [sets[(start + i) % len(sets)] for i in range(n)]
