@@ -171,9 +171,9 @@ def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flu
     target = resolve_target(target)
     runner = make_runner(flush_cache=flush_cache and not is_gpu(target))
     seeded = seed_rules(mods, target, db_dir, log, runner=runner)
-    log(f"tuning {len(mods)} kernels, {trials} trials each ({seeded} seeded with our rules' schedule, the "
-        "others with dlight's or as built), "
-        f"into {db_dir}")
+    log(f"tuning {len(mods)} kernels, {trials} trials each, into {db_dir} (kernels new to it start from the "
+        f"untuned schedule: ours for {seeded} of them, dlight's or the kernel as built for the others; the "
+        "rest resume from their records)")
     added = tune_kernels(mods, target, db_dir, trials, runner=runner, log=log)
     confirm_picks(mods, target, db_dir, runner, log, measure=measure)
     return added
