@@ -44,7 +44,8 @@ def format_table(res: dict) -> str:
     lines.append(render(["fusion", "schedule", "layer ms", "bound ms", "x bound", "vs dl-off", "head ms",
                          "tok/s(32L)"], body, "<<>>>>>>"))
     lines += ["", "per kernel (ms per layer, DRAM; bound = bytes moved / copy bandwidth; hot = dlight cache-hot; "
-                  "C = weight copies; beat@ = trials until one beat dlight, '-' = none or not known):"]
+                  "C = weight copies; '=' = the same binary as a column to its left, timed once; "
+                  "beat@ = trials until one beat dlight, '-' = none or not known):"]
     later = schedules[1:]
     tuned = [s for s in later if s in ("metaschedule", "seeded")]
     for fusion in ("off", "on"):
@@ -53,7 +54,8 @@ def format_table(res: dict) -> str:
         for i, k in enumerate(rs["dlight"]["kernels"]):
             others = [rs[s]["kernels"][i] for s in later]
             body.append([k["name"][:NAME_WIDTH], k["calls"], k.get("copies"), f"{k['bound_ms']:.3f}",
-                         fmt(k.get("ms_cache_hot"), ".3f"), f"{k['ms']:.3f}"] + [f"{o['ms']:.3f}" for o in others]
+                         fmt(k.get("ms_cache_hot"), ".3f"), f"{k['ms']:.3f}"]
+                        + [f"{o['ms']:.3f}" + ("=" if o.get("same_schedule_as") else "") for o in others]
                         + [k["rule"]] + [rs[s]["kernels"][i].get("trials_to_beat_dlight") for s in tuned])
         header = (["kernel", "calls", "C", "bound", "hot", "dlight"] + [SHORT.get(s, s) for s in later] + ["dl rule"]
                   + [f"beat@{SHORT.get(s, s)}" for s in tuned])
