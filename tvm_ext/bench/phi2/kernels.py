@@ -111,6 +111,11 @@ def random_args(func, rng):
 SHARED_BYTES = 256
 
 
+def _const_bytes(const) -> int:
+    """Bytes of a Relax constant, from its shape and dtype (not a copy of its data)."""
+    return int(np.prod([int(d) for d in const.value.shape])) * np.dtype(str(const.value.dtype)).itemsize
+
+
 def weight_positions(ks) -> dict:
     """{kernel name: sorted parameter positions that a decode step streams from DRAM}: the
     weights (arguments bound to Relax constants, or computed from constants only, like the
@@ -132,7 +137,7 @@ def weight_positions(ks) -> dict:
                 if not (isinstance(val, relax.Call) and getattr(val.op, "name", None) == "relax.call_tir"):
                     continue
                 args = list(val.args[1].fields)
-                const = [(isinstance(a, tvm.ir.expr.Constant) and a.value.numpy().nbytes > SHARED_BYTES)
+                const = [(isinstance(a, tvm.ir.expr.Constant) and _const_bytes(a) > SHARED_BYTES)
                          or a in derived for a in args]
                 if all(const):
                     derived.add(b.var)
