@@ -128,7 +128,7 @@ def test_kernel_copies_are_distinct_and_exceed_llc(fused):
     ks, positions = fused
     k = next(k for k in ks.kernels if "dequantize1_matmul2" in k.name)  # o projection
     llc = 2**20
-    a = pm.KernelArgs(k, positions[k.name], llc, tvm.cpu(0), np.random.default_rng(0))
+    a = pm.KernelArgs(k.func, positions[k.name], llc, tvm.cpu(0), np.random.default_rng(0))
     assert a.copies * a.weight_bytes >= 2 * llc and a.copies > 1
     first, second = a.sets[0], a.sets[1]
     for i in range(len(first)):

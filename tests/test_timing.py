@@ -100,8 +100,8 @@ def test_cycled_timer_shares_arguments_per_signature_and_cycles_copies():
     timer = CycledTimer("llvm", plan=CopyPlan(1 << 19), window=4)
     secs = timer({"plain": plain, "vector": sch.mod, "plain again": plain})
     assert all(s is not None and s > 0 for s in secs.values())
-    assert len(timer._fns) == 2 and len(timer._sets) == 1  # built per module, arguments per signature
-    (sets,) = timer._sets.values()
-    assert len(sets) == 16 and next(iter(timer._cursor.values())) == 12  # 3 windows of 4 copies
+    assert len(timer._fns) == 2 and len(timer._args) == 1  # built per module, arguments per signature
+    (args,) = timer._args.values()
+    assert len(args.sets) == 16 and args.cursor == 12  # 3 windows of 4 copies
     broken = tvm.IRModule({"main": scale.with_attr("global_symbol", "main").with_attr("target", 5)})
     assert timer({"broken": broken}) == {"broken": None}

@@ -2,8 +2,9 @@
 
 ``CycledTimer(target)(batch)`` -> {name: seconds per call} for a batch {name: IRModule}: each module
 built once (its structural hash the key), its arguments drawn once per signature (two schedules of one
-kernel share them) and copied until the copies together are ``dram.FACTOR`` x the last-level cache,
-then called over a window of those copies in turn, after the process's threads are idle, in batch order.
+kernel share them) as ``bench.phi2.measure.KernelArgs`` copies them, every parameter a "weight", until
+the copies together are ``dram.FACTOR`` x the last-level cache, then called over a window of those
+copies in turn, after the process's threads are idle, in batch order.
 
 Why: ``tune.seeds.confirm_picks`` measures each tuned pick beside its untuned schedule.  The tuning
 runner runs a kernel once after flushing the cache, and on the 2-core EPYC it ranked Phi-2 decode picks
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.arrays import param_buffers, random_arrays
+from tvm_ext.arrays import param_buffers
 from tvm_ext.bench.dram import CopyPlan, llc_bytes
+from tvm_ext.bench.phi2.measure import KernelArgs
 from tvm_ext.bench.timing import wait_until_idle
 
 WINDOW = 64  # calls per timing, copies used in turn: fewer when there are fewer copies, but at least
@@ -34,7 +36,7 @@ class CycledTimer:
         self.plan = plan if plan is not None else CopyPlan(llc_bytes()[0])
         self.rng = np.random.default_rng(seed)
         self.window = int(window)
-        self._fns, self._sets, self._cursor = {}, {}, {}
+        self._fns, self._args = {}, {}
 
     def _fn(self, mod):
         import tvm
@@ -48,22 +50,13 @@ class CycledTimer:
                 self._fns[key] = None
         return self._fns[key]
 
-    def _arg_sets(self, func):
+    def _args_of(self, func) -> KernelArgs:
         import tvm
 
         sig = tuple((dtype, tuple(shape)) for _, dtype, shape in param_buffers(func))
-        if sig not in self._sets:
-            base = random_arrays(func, self.rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
-            copies = self.plan.copies(sum(a.nbytes for a in base))
-            self._sets[sig] = [[tvm.runtime.tensor(a, tvm.cpu()) for a in base] for _ in range(copies)]
-            self._cursor[sig] = 0
-        return sig, self._sets[sig]
-
-    def _window(self, sig, sets):
-        n = min(self.window, max(len(sets), MIN_CALLS))
-        start = self._cursor[sig]
-        self._cursor[sig] = (start + n) % len(sets)
-        return [sets[(start + i) % len(sets)] for i in range(n)]
+        if sig not in self._args:
+            self._args[sig] = KernelArgs(func, list(range(len(sig))), self.plan, tvm.cpu(), self.rng)
+        return self._args[sig]
 
     def __call__(self, batch: dict) -> dict:
         out = {}
@@ -72,11 +65,11 @@ class CycledTimer:
             if fn is None:
                 out[name] = None
                 continue
-            sig, sets = self._arg_sets(mod["main"])
+            args = self._args_of(mod["main"])
             try:
-                fn(*sets[0])  # warm: code, thread pool
+                fn(*args.sets[0])  # warm: code, thread pool
                 wait_until_idle()
-                out[name] = self.plan.seconds_per_call(fn, self._window(sig, sets))
+                out[name] = self.plan.seconds_per_call(fn, args.next_sets(self.window, at_least=MIN_CALLS))
             except Exception:  # pylint: disable=broad-except  # e.g. an out-of-range index it reads
                 out[name] = None
         return out

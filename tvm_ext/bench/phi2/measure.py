@@ -33,16 +33,16 @@ MAX_CALLS = 64  # calls per DRAM sample
 
 
 class KernelArgs:
-    """One kernel's arguments: NumPy base arrays and C device copies of its weights
-    (``plan.copies``: a ``dram.CopyPlan``)."""
+    """One kernel's arguments (``func``'s parameters): NumPy base arrays and C device copies of those
+    at ``positions`` (its weights; ``plan.copies``: a ``dram.CopyPlan``)."""
 
-    def __init__(self, k, positions, plan, dev, rng):
+    def __init__(self, func, positions, plan, dev, rng):
         import tvm
 
         self.positions = positions
         self.plan = as_plan(plan)  # a ``dram.CopyPlan`` (or the LLC size in bytes)
-        self.base = random_args(k.func, rng)
-        self.weight_bytes = nbytes(k.func, positions)
+        self.base = random_args(func, rng)
+        self.weight_bytes = nbytes(func, positions)
         self.copies = self.plan.copies(self.weight_bytes) if positions else 1
         shared = [tvm.runtime.tensor(a, dev) for a in self.base]
         self.sets, self.cursor = [], 0
@@ -50,11 +50,12 @@ class KernelArgs:
             copy = dict(zip(positions, rolled([self.base[p] for p in positions], i)))
             self.sets.append([tvm.runtime.tensor(copy[p], dev) if p in copy else t for p, t in enumerate(shared)])
 
-    def next_sets(self, calls: int = MAX_CALLS) -> list:
-        """The next ``min(calls, C)`` argument sets in cycle order: a kernel with many small
-        copies (LayerNorm: thousands) is sampled over a window of the cycle, each call still
-        on a copy last used C calls ago."""
-        n = min(calls, self.copies)
+    def next_sets(self, calls: int = MAX_CALLS, at_least: int = 1) -> list:
+        """The next ``min(calls, max(C, at_least))`` argument sets in cycle order: a kernel with many
+        small copies (LayerNorm: thousands) is sampled over a window of the cycle, each call still
+        on a copy last used C calls ago; with fewer than ``at_least`` copies the window goes round
+        the cycle more than once (the copies together exceed the cache: each call still reads DRAM)."""
+        n = min(calls, max(self.copies, at_least))
         out = [self.sets[(self.cursor + i) % self.copies] for i in range(n)]
         self.cursor = (self.cursor + n) % self.copies
         return out
@@ -100,7 +101,7 @@ def prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log):
         for k in kss[fusion].kernels:
             key = (fusion, k.name)
             if key not in args:
-                args[key] = KernelArgs(k, positions[k.name], plan, dev, rng)
+                args[key] = KernelArgs(k.func, positions[k.name], plan, dev, rng)
             p = projection_of(k.name, k.func, k.part, cfg, positions[k.name])
             proj[(fusion, k.name, k.part)] = p
             if fusion and p is not None:
