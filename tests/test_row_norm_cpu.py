@@ -10,7 +10,7 @@ import tvm
 
 from kernels import as_main, ours_in_space, phi2_reduced_kernels
 from tvm_ext.rules import row_norm_cpu
-from tvm_ext.tir_utils import blocks_of
+from tvm_ext.tir_utils import blocks_of, collect
 
 
 @pytest.fixture(scope="module")
@@ -95,32 +95,48 @@ def test_other_kernels_are_left_alone(kernels):
         tvm.ir.assert_structural_equal(row_norm_cpu.untuned(mod, None), mod)
 
 
+def _check_softmax(func, masked_like_phi2):
+    mod = row_norm_cpu.untuned(as_main(func), None)
+    assert row_norm_cpu.matches(func)
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal([int(s) for s in p.shape]).astype("float32") * 4 for p in func.params]
+    arrays[0].reshape(-1)[::7] = float(np.finfo("float32").min)  # masked positions: exactly 0 out
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    tvm.compile(mod, target="llvm")["main"](*args)
+    x = arrays[0].astype("float64")
+    if masked_like_phi2:  # query i sees positions j <= i + t - n
+        n, t = x.shape[-2:]
+        x = np.where(np.arange(t)[None, :] > np.arange(n)[:, None] + t - n, np.finfo("float32").min, x)
+    want = np.exp(x - x.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(args[-1].numpy(), want, rtol=1e-5, atol=1e-7)
+    return mod["main"]
+
+
 @pytest.mark.parametrize("which", ["decode", "prefill"])
 def test_softmax_rows(kernels, which):
     """Phi-2's softmax (fast_exp, an elementwise rows x D intermediate, the causal mask applied where the
-    scores are read: the n queries are the last n of t positions) and Relax's legalized one: each computed
-    row by row (the exp at the row, vectorized like the output), against NumPy."""
-    theirs = _softmax_module((1, 4, 3, 48))["softmax"]
-    assert row_norm_cpu._widths(513) == [27] and row_norm_cpu._widths(523) == []  # 523: a prime
+    scores are read: the n queries are the last n of t positions): computed row by row, the shift
+    (read by the exp only) inlined into the exp, the exp and the output vectorized, against NumPy."""
     ours = next(k.func for k in kernels[which] if "softmax" in k.name)
-    for func in (ours, theirs):
-        mod = row_norm_cpu.untuned(as_main(func), None)
-        d = int(func.params[0].shape[-1])
-        # 16, 8 or 4 lanes where they divide D, else a divisor of D in [8, 32] (decode at 8 past: D = 9)
-        vector = d % 4 == 0 or any(d % n == 0 for n in range(8, 33))
-        assert row_norm_cpu.matches(func) and ("vectorized" in mod["main"].script()) == vector, d
-        rng = np.random.default_rng(2)
-        arrays = [rng.standard_normal([int(s) for s in p.shape]).astype("float32") * 4 for p in func.params]
-        arrays[0].reshape(-1)[::7] = float(np.finfo("float32").min)  # masked positions: exactly 0 out
-        args = [tvm.runtime.tensor(a) for a in arrays]
-        tvm.compile(mod, target="llvm")["main"](*args)
-        x = arrays[0].astype("float64")
-        if func is ours:  # query i sees positions j <= i + t - n
-            n, t = x.shape[-2:]
-            x = np.where(np.arange(t)[None, :] > np.arange(n)[:, None] + t - n, np.finfo("float32").min, x)
-        want = np.exp(x - x.max(-1, keepdims=True))
-        want /= want.sum(-1, keepdims=True)
-        np.testing.assert_allclose(args[-1].numpy(), want, rtol=1e-5, atol=1e-7)
+    before = [b.name_hint for b in blocks_of(as_main(ours)["main"])]
+    after = [b.name_hint for b in blocks_of(_check_softmax(ours, masked_like_phi2=True))]
+    assert "softmax_shift" in before and "softmax_shift" not in after
+    assert [b for b in after if b.startswith("T_fast_exp")]
+
+
+@pytest.mark.parametrize("d", [48, 513, 514, 9])
+def test_relax_softmax_rows(d):
+    """Relax's legalized softmax over D keys: 16 lanes where they divide D (48); else a divisor of D in
+    [8, 32] for the partial sums (513: 27) and the first 16 * (D // 16) elements of the elementwise rows
+    16 wide, the rest scalar (513, and 514, which has no such divisor); a row under 16 at its divisor (9)."""
+    assert row_norm_cpu._widths(513) == [27] and row_norm_cpu._widths(514) == []
+    func = _check_softmax(_softmax_module((1, 4, 3, d))["softmax"], masked_like_phi2=False)
+    vectorized = [loop for loop in collect(func.body, tvm.tirx.For) if loop.kind == tvm.tirx.ForKind.VECTORIZED]
+    want = {48: {16}, 513: {27, 16}, 514: {16}, 9: {9}}[d]
+    assert {int(loop.extent) for loop in vectorized} == want
+    partitioned = any(b.name_hint.endswith("_partition") for b in blocks_of(func))
+    assert partitioned == (d in (513, 514))
 
 
 def _softmax_module(shape):
