@@ -307,7 +307,8 @@ def _given_result():
                 hot[(fusion, s, k.name)] = 0.5e-4 * (i + 1)
         for s in schedules:
             verified[(fusion, s)] = "ok"
-    extra = {"hot": hot, "copies": copies, "projection": proj}
+    floor = {k.name: 0.25e-4 * (i + 1) for i, k in enumerate(kss[True].kernels)}  # touch kernels: 1/4 of "ms"
+    extra = {"hot": hot, "copies": copies, "projection": proj, "floor": floor}
     rows = phi2_bench._rows(kss, sec, 10.0, rules, beat, verified, 1, schedules, extra)
     peers = [{"peer": f"ort-acc{a}", "projection": p, "ms": 0.05 * (1 + a), "bound_ms": 0.01, "copies": 4}
              for p in pp.PROJECTIONS for a in (0, 4)]
@@ -327,8 +328,13 @@ def test_json_fields_and_projection_table():
         projs = [k["projection"] for k in r["kernels"] if "projection" in k]
         assert sorted(projs) == sorted(pp.PROJECTIONS)
         assert all("ms_cache_hot" in k and k["copies"] >= 1 for k in r["kernels"])
+        assert all(("floor_ms" in k) == (r["fusion"] == "on") for k in r["kernels"])  # fused kernels only
     t = res["targets"]["projections"]
     assert set(t) == set(pp.PROJECTIONS)
+    best = phi2_bench.row(res["rows"], "on", res["targets"]["best_fused"])["kernels"]
+    over = res["targets"]["kernels_over_bound"]  # those above 1.2x their bound, each also against its floor
+    assert [k["name"] for k in over] == [k["name"] for k in best if k["ms"] > 1.2 * k["bound_ms"]] and over
+    assert all(k["vs_floor"] == pytest.approx(4.0) for k in over)
     fused = phi2_bench.row(res["rows"], "on", "dlight")
     qkv = next(k for k in fused["kernels"] if k.get("projection") == "qkv")
     assert t["qkv"]["vs_ort_acc0"] == pytest.approx(qkv["ms"] / 0.05)
@@ -337,6 +343,10 @@ def test_json_fields_and_projection_table():
     assert res["targets"]["ms_over_dlight_fused"] is None  # no metaschedule row in this run
     text = format_table(res)
     assert "per projection" in text and "rule-int8 = 2.00x bound" in text
+    assert "4.00x its floor" in text
+    fused_header = text.split("fusion on:")[1].splitlines()[1].split()
+    assert fused_header[:5] == ["kernel", "calls", "C", "bound", "floor"]
+    assert "floor" not in text.split("fusion off:")[1].split("fusion on:")[0].splitlines()[1].split()
     lines = [line.split() for line in text.splitlines()]
     ort4 = [c for c in lines if len(c) == 7 and c[1] == "ort-acc4"]
     assert len(ort4) == 5 and all(c[-2:] == ["5.00", "1.00"] for c in ort4)  # ratio vs ort-acc0, ort-acc4

@@ -44,20 +44,24 @@ def format_table(res: dict) -> str:
     lines.append(render(["fusion", "schedule", "layer ms", "bound ms", "x bound", "vs dl-off", "head ms",
                          "tok/s(32L)"], body, "<<>>>>>>"))
     lines += ["", "per kernel (ms per layer, DRAM; bound = bytes moved / copy bandwidth; hot = dlight cache-hot; "
-                  "C = weight copies; '=' = the same binary as a column to its left, timed once; "
+                  "floor = its touch kernel (same bytes, no compute, same copies); C = weight copies; "
+                  "'=' = the same binary as a column to its left, timed once; "
                   "beat@ = trials until one beat dlight, '-' = none or not known):"]
     later = schedules[1:]
     tuned = [s for s in later if s in ("metaschedule", "seeded")]
     for fusion in ("off", "on"):
         rs = {s: row(res["rows"], fusion, s) for s in schedules}
+        floors = any("floor_ms" in k for k in rs["dlight"]["kernels"])
         body = []
         for i, k in enumerate(rs["dlight"]["kernels"]):
             others = [rs[s]["kernels"][i] for s in later]
-            body.append([k["name"][:NAME_WIDTH], k["calls"], k.get("copies"), f"{k['bound_ms']:.3f}",
-                         fmt(k.get("ms_cache_hot"), ".3f"), f"{k['ms']:.3f}"]
+            body.append([k["name"][:NAME_WIDTH], k["calls"], k.get("copies"), f"{k['bound_ms']:.3f}"]
+                        + ([fmt(k.get("floor_ms"), ".3f")] if floors else [])
+                        + [fmt(k.get("ms_cache_hot"), ".3f"), f"{k['ms']:.3f}"]
                         + [f"{o['ms']:.3f}" + ("=" if o.get("same_schedule_as") else "") for o in others]
                         + [k["rule"]] + [rs[s]["kernels"][i].get("trials_to_beat_dlight") for s in tuned])
-        header = (["kernel", "calls", "C", "bound", "hot", "dlight"] + [SHORT.get(s, s) for s in later] + ["dl rule"]
+        header = (["kernel", "calls", "C", "bound"] + (["floor"] if floors else []) + ["hot", "dlight"]
+                  + [SHORT.get(s, s) for s in later] + ["dl rule"]
                   + [f"beat@{SHORT.get(s, s)}" for s in tuned])
         lines += [f"fusion {fusion}:", render(header, body, "<" + ">" * (len(header) - 1)), ""]
     lines += _projection_lines(res)
@@ -75,6 +79,9 @@ def format_table(res: dict) -> str:
                  f"metaschedule/dlight fused = {fmt(t['ms_over_dlight_fused'], '.2f')} (<=1); "
                  f"seeded worst kernel/dlight = {fmt(t['seeded_worst_kernel_vs_dlight'], '.2f')} (<=1); "
                  f"torch-bf16/best fused = {fmt(t['torch_bf16_over_best_fused'], '.2f')} (>=3)")
+    for k in t.get("kernels_over_bound", []):
+        lines.append(f"  {k['name'][:NAME_WIDTH]} ({t['best_fused']}): {k['vs_bound']:.2f}x bound (<=1.2), "
+                     f"{fmt(k['vs_floor'], '.2f')}x its floor")
     for proj, p in t.get("projections", {}).items():
         line = f"  {proj}: best {p['best']} = {p['vs_bound']:.2f}x bound (<=1.5)"
         if p["vs_ort_acc0"] is not None:  # ORT only with --peers ort

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_ext.bench.dram import as_plan, seconds_per_call
-from tvm_ext.bench.phi2.kernels import build, measure_bandwidth, nbytes, random_args, weight_positions
+from tvm_ext.bench.phi2.kernels import build, measure_bandwidth, nbytes, normalize, random_args, weight_positions
 from tvm_ext.bench.phi2.peers import projection_of, q4_weights, rolled
 from tvm_ext.bench.timing import wait_until_idle
 
@@ -127,6 +127,31 @@ def prepare(kss, sched, schedules, target, dev, rng, plan, cfg, log):
         log(f"  built fusion={'on' if fusion else 'off'}: copies per kernel "
             + ", ".join(f"{n}={a.copies}" for (f, n), a in args.items() if f == fusion and a.copies > 1))
     return fns, args, proj, q4, same_as
+
+
+FLOOR = "floor"  # the pseudo-schedule of the touch kernels in ``fns`` (``add_floors``)
+
+
+def add_floors(fns: dict, kss, target, dev, threads: int) -> None:
+    """Add to ``fns`` each fused kernel's touch kernel (``bench.touch``: its traffic, no compute) on
+    1 thread and on ``threads``, as (True, "floor<n>", name): ``measure`` times them on the kernel's
+    own arguments, the same cycled copies, in the same rounds (``floors`` takes them out)."""
+    from tvm_ext.bench.touch import touch_func
+
+    for k in kss[True].kernels:
+        for n in sorted({1, max(1, int(threads))}):
+            if (True, f"{FLOOR}{n}", k.name) not in fns:
+                fns[(True, f"{FLOOR}{n}", k.name)] = _main(build(touch_func(normalize(k.func)["main"], n), target), dev)
+
+
+def floors(times: dict) -> dict:
+    """Take the touch kernels' entries out of ``times`` ({(fusion, schedule, name): s}); returns
+    {name: the faster thread count's seconds}."""
+    out = {}
+    for key in [key for key in times if key[1].startswith(FLOOR)]:
+        s = times.pop(key)
+        out[key[2]] = min(out.get(key[2], s), s)
+    return out
 
 
 def with_twins(times: dict, same_as: dict) -> dict:
