@@ -3,15 +3,16 @@
 ``touch_func(func, threads)`` is a PrimFunc with ``func``'s parameters (shapes, dtypes: it takes the
 same argument tensors, so the bench times it on the same cycled copies) that reads every 4-byte word
 of each parameter ``func`` only reads, xors them into one 16-lane vector, and stores that vector over
-every word of each parameter ``func`` writes: each thread its share of the words, in order.  No
-kernel that reads and writes those bytes can do so faster on this machine, whatever its schedule.
+every word of each parameter ``func`` writes: each thread its share of the words, in order.  A plain
+stream of the kernel's traffic, not a proof of a limit: a kernel that interleaves its reads and
+writes can beat it by a little (the decode KV-cache concatenates: 0.88-0.91x).
 
 Why: a kernel's DRAM bound (its bytes / the copy bandwidth of a 512 MiB parallel copy) is out of
 reach for a kernel that moves a few kilobytes: the decode LayerNorm reads 20 KiB of gamma and beta
 from DRAM, and a single-thread pass over them stalls on the first lines' latency, while waking the
-second thread costs ~0.8 us (2-core Zen 4, session 23).  The floor, the faster of a 1-thread and a
-``threads``-thread touch, says how far such a kernel is from what its bytes allow; for the
-projections (megabytes) it is about the bound.
+second thread costs ~0.8 us (2-core Zen 4, session 23); and a pure read stream beats the copy
+bandwidth (the projections' touch: 0.77-0.80x their bound).  The floor, the faster of a 1-thread and
+a ``threads``-thread touch, says how far a kernel is from its own traffic's cost.
 """
 from __future__ import annotations
 
