@@ -33,7 +33,8 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import is_param, one_candidate, sample_choice, root_child_blocks, schedule_each, working_func
+from tvm_ext.tir_utils import (is_param, one_candidate, root_child_blocks, sample_choice, schedule_each, vectorize_row,
+                               working_func)
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
 SKIP = ("schedule_rule", "None")
@@ -92,20 +93,6 @@ def _elementwise(stmt, rows) -> bool:
     return len(stmt.iter_vars) == len(rows) + 1 and all(int(iv.iter_type) == 0 for iv in stmt.iter_vars)
 
 
-def _vectorize_row(sch, loop, d: int, lanes, odd: bool) -> None:
-    """Vectorize an elementwise row loop over D ``lanes`` wide (an int or a sampled ExprRV), except for
-    an ``odd`` width (none of ``VECTOR_LANES`` divides D) on a row of at least 16: then the first
-    ``16 * (D // 16)`` elements 16 wide and the rest scalar (``loop_partition``).  27 lanes for 513 keys
-    fill two 16-lane registers to 84 %, and 514 keys have no width at all (decode softmax over 513
-    keys 4.4 -> 3.3 us, 2-core Zen 4)."""
-    full = VECTOR_LANES[0]
-    if lanes is not None and (not odd or d < full):
-        sch.vectorize(sch.split(loop, [None, lanes])[1])
-    elif d >= full:
-        head = sch.loop_partition(loop, [full * (d // full), None])[0]
-        sch.vectorize(sch.split(head, [None, full])[1])
-
-
 def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
     """Schedule the function ``sch`` works on as ``plan`` says (module doc).  With ``sample`` the
     vector width is a sampled decision (the widest of ``VECTOR_LANES`` that divides D first); with
@@ -146,11 +133,14 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
     if annotate:
         for block in (out, *order, sch.get_sblock("root")):
             sch.annotate(block, *SKIP)
+    # last: a partitioned loop's blocks are new ones.  An odd width (none of VECTOR_LANES divides D: 27 lanes for
+    # 513 keys fill two 16-lane registers to 84 %) gives way to 16 lanes and a scalar tail: decode softmax over 513
+    # keys 4.4 -> 3.3 us, 2-core Zen 4
     odd = not widths or widths[0] not in VECTOR_LANES
-    _vectorize_row(sch, inner, d, lanes, odd)  # last: a partitioned loop's blocks are new ones
+    vectorize_row(sch, inner, d, lanes, odd)
     for stat in kept:  # the elementwise intermediates: their row vectorized as the output's
         if _elementwise(sch.get(sch.get_sblock(stat)), rows):
-            _vectorize_row(sch, sch.get_loops(sch.get_sblock(stat))[-1], d, lanes, odd)
+            vectorize_row(sch, sch.get_loops(sch.get_sblock(stat))[-1], d, lanes, odd)
 
 
 def schedule_of(func, name: str = "main"):

@@ -191,7 +191,7 @@ def test_tuned_takes_database_records_and_our_rules_elsewhere(model, tmp_path):
     seed_database(kernel_database(str(tmp_path)), {"layer_norm": m}, {"layer_norm": ("none", None)},
                   target, {"layer_norm": 1e-3})
     mod, used = phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path))
-    assert used["layer_norm"] == "tuned" and used["softmax"] == "row_norm_cpu" and used["rope"] == "none"
+    assert used["layer_norm"] == "tuned" and used["softmax"] == "row_norm_cpu" and used["rope"] == "injective_cpu"
     tvm.ir.assert_structural_equal(mod["layer_norm"].body, model.mod["layer_norm"].body)
     with pytest.raises(ValueError, match="no tuning database"):
         phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path / "missing"))

@@ -123,17 +123,16 @@ def test_tuning_starts_from_our_rules(model, tmp_path):
     target = resolve_target("llvm")
     ours = {n for n, m in mods.items() if rule_schedule(m, target) is not None}
     assert {n for n in ours if "q4_int8_gemm" in n} and {n for n in ours if "attn" in n}
-    assert seed_rules(mods, target, str(tmp_path), log=lambda m: None) == len(ours)
-    assert seed_rules(mods, target, str(tmp_path), log=lambda m: None) == 0  # resumed: nothing twice
-    db = open_database(str(tmp_path), read_only=True)
     # all but the embedding lookup, which the runner cannot run on random token ids
     measurable = {n for n in mods if not n.startswith("embed")}
+    assert seed_rules(mods, target, str(tmp_path), log=lambda m: None) == len(ours & measurable)
+    assert seed_rules(mods, target, str(tmp_path), log=lambda m: None) == 0  # resumed: nothing twice
+    db = open_database(str(tmp_path), read_only=True)
     assert {n for n, m in mods.items() if records_of(db, m)} == measurable
     _, used = schedule(model.mod, target, "tuned", str(tmp_path))
     assert all(used[n] == "tuned" for n in measurable)
-    others = [n for n in measurable if n not in ours]
-    assert others  # rope, split_heads, ...: dlight's schedule, or the kernel as built
-    for name in others:
+    others = [n for n in measurable if n not in ours]  # dlight's schedule, or the kernel as built (none in
+    for name in others:  # Phi-2 since rules/injective_cpu took rope and the head split)
         sch = dlight_schedule(mods[name], target)[1]
         tvm.ir.assert_structural_equal(best_schedule(db, mods[name]), sch.mod if sch is not None else mods[name])
 

@@ -74,19 +74,20 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
 def with_cpu_rules(rules: list) -> list:
     """A copy of ``rules`` with our CPU rules right before MultiLevelTiling, else at the end (llvm
     rule sets other than ``upstream``): DequantGEMV (float q4 GEMV kernels), Q4Int8GEMM (q4 x int8
-    GEMMs and GEMVs; nothing on targets without AVX2), RowNormCPU (row normalizations: LayerNorm) and
-    ContractionCPU (single-block contractions: attention).  Each matches by structure and passes
-    every other block."""
+    GEMMs and GEMVs; nothing on targets without AVX2), RowNormCPU (row normalizations: LayerNorm),
+    ContractionCPU (single-block contractions: attention) and InjectiveCPU (kernels without a
+    reduction: rope, concatenates).  Each matches by structure and passes every other block."""
     # pylint: disable=import-outside-toplevel
     from tvm_ext.rules.contraction_cpu import ContractionCPU
     from tvm_ext.rules.dequant_gemv import DequantGEMV
+    from tvm_ext.rules.injective_cpu import InjectiveCPU
     from tvm_ext.rules.q4_int8_gemm import Q4Int8GEMM
     from tvm_ext.rules.row_norm_cpu import RowNormCPU
 
     rules = list(rules)
     names = [_name(r) for r in rules]
     idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
-    rules[idx:idx] = [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU()]
+    rules[idx:idx] = [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()]
     return rules
 
 

@@ -116,6 +116,18 @@ def sample_choice(sch, candidates, default, sample: bool):
                                   decision=candidates.index(fixed))
 
 
+def vectorize_row(sch, loop, extent: int, lanes, odd: bool, full: int = 16) -> None:
+    """Vectorize the innermost ``loop`` (of ``extent``) ``lanes`` wide (an int or a sampled ExprRV), except
+    where ``odd`` (no usual width divides it) on a loop of at least ``full``: then its first
+    ``full * (extent // full)`` iterations ``full`` wide and the rest scalar (``loop_partition``), not one
+    ragged vector LLVM splits over registers; ``lanes`` None and not that long: left as it is."""
+    if lanes is not None and (not odd or extent < full):
+        sch.vectorize(sch.split(loop, [None, lanes])[1])
+    elif extent >= full:
+        head = sch.loop_partition(loop, [full * (extent // full), None])[0]
+        sch.vectorize(sch.split(head, [None, full])[1])
+
+
 def working_func(sch) -> tirx.PrimFunc:
     """The PrimFunc a (MetaSchedule) Schedule works on, as it is now."""
     return sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]

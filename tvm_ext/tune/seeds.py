@@ -30,15 +30,16 @@ def is_gpu(target) -> bool:
 def rule_schedule(mod, target):
     """(rule name, Schedule) of our first untuned CPU schedule that schedules ``mod``'s ``main``:
     q4_int8_gemm (int8 projections), dequant_gemv (float projections), row_norm_cpu (LayerNorm),
-    contraction_cpu (attention); None when none does."""
-    from tvm_ext.rules import (contraction_cpu, dequant_gemv, q4_int8_gemm,  # pylint: disable=import-outside-toplevel
-                               row_norm_cpu)
+    contraction_cpu (attention), injective_cpu (rope, concatenates); None when none does."""
+    from tvm_ext.rules import (contraction_cpu, dequant_gemv, injective_cpu,  # pylint: disable=import-outside-toplevel
+                               q4_int8_gemm, row_norm_cpu)
 
     func = mod["main"]
     for name, schedule_of in (("q4_int8_gemm", lambda: q4_int8_gemm.schedule_of(func, target=target)),
                               ("dequant_gemv", lambda: dequant_gemv.schedule_of(func, target=target)),
                               ("row_norm_cpu", lambda: row_norm_cpu.schedule_of(func)),
-                              ("contraction_cpu", lambda: contraction_cpu.schedule_of(func))):
+                              ("contraction_cpu", lambda: contraction_cpu.schedule_of(func)),
+                              ("injective_cpu", lambda: injective_cpu.schedule_of(func))):
         sch = schedule_of()
         if sch is not None:
             return name, sch
@@ -88,17 +89,18 @@ def seed_rules(mods: dict, target, db_dir: str, log=print, runner=None) -> int:
     rules' (``rule_schedule``), else dlight's, else the kernel as built (what the Phi-2 ``rule`` and
     ``int8`` rows run) -- with the seconds the tuning runner (``runner``, default ``make_runner()``)
     measures: a tuned record ranks above it only when that runner measured it faster.  Returns how
-    many kernels got our rules' schedule."""
+    many kernels got our rules' schedule committed."""
     from tvm_ext.tune.kernels import kernel_database
     from tvm_ext.tune.runner import make_runner, runner_seconds
     from tvm_ext.tune.transfer import commit_measured
 
-    database, picked, ours = kernel_database(db_dir, log), {}, 0
+    database, picked, mine, ours = kernel_database(db_dir, log), {}, set(), 0
     for name, mod in mods.items():
         if records_of(database, mod):
             continue
         found = rule_schedule(mod, target)
-        ours += found is not None
+        if found is not None:
+            mine.add(name)
         picked[name] = (mod, found[1] if found is not None else _not_ours(mod, target))
     if picked:
         log(f"measuring the untuned schedules of {len(picked)} kernels with the tuning runner ...")
@@ -109,6 +111,7 @@ def seed_rules(mods: dict, target, db_dir: str, log=print, runner=None) -> int:
                 log(f"  {name}: the tuning runner cannot run it on random inputs; not seeded")
                 continue
             commit_measured(database, mod, sch, secs[name], target)
+            ours += name in mine
     return ours
 
 
