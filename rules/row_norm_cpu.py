@@ -5,7 +5,7 @@ Pattern (by structure, never by name): a PrimFunc whose last block writes the ou
 shaped like the rows) -- reductions over the rows' trailing axis (``x_sum``, ``x_var_sum``) and
 per-row scalars (``x_mean``) -- or an elementwise ``rows x D`` intermediate (softmax's ``exp``),
 with at least one reduction.  Relax's ``nn.layer_norm`` and ``nn.softmax`` over the last axis
-legalize to that, and so does Phi-2's own softmax (``fast_exp``, ``workloads.phi2.layers``).
+legalize to that, and so does Phi-2's own softmax (a polynomial exp, ``workloads.phi2.layers``).
 
 Why: dlight's CPU Reduction rule computes the row statistics at the output's inner loop, so
 each of Phi-2's 2560 outputs recomputes both reductions over the 2560 inputs: 7 ms per decode

@@ -283,3 +283,27 @@ def test_rope_tables_survive_the_search_space():
             kept += [{"rope_cos", "rope_sin"} <= {b.name_hint for b in blocks_of(c.mod["main"])}
                      for c in ctx.generate_design_space()]
         assert any(kept)
+
+
+def test_softmax_exp_accuracy_and_exact_zeros():
+    """Phi-2's softmax exp (``layers._te_exp_nonpositive``) on x <= 0: within 2.5e-6 of NumPy's relative to the
+    value over [-20, 0] and 5e-6 over [-87.6, -20], under 1.2e-38 below (subnormal results flushed), exactly 1
+    at 0, exactly 0 below -88.02 and for the causal mask's -FLT_MAX."""
+    import numpy as np
+    from tvm import te
+
+    from tvm_ext.workloads.phi2.layers import _te_exp_nonpositive
+
+    x = te.placeholder((4096,), "float32", name="x")
+    func = te.create_prim_func([x, _te_exp_nonpositive(x)])
+    run = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")["main"]
+    xs = np.concatenate([np.linspace(-87.6, 0.0, 3990), np.linspace(-88.0, -87.7, 10),
+                         [0.0, -88.03, -100.0, np.finfo("float32").min], np.zeros(92)]).astype("float32")
+    out = tvm.runtime.tensor(np.zeros_like(xs))
+    run(tvm.runtime.tensor(xs), out)
+    got, want = out.numpy().astype("float64"), np.exp(xs.astype("float64"))
+    rel = np.abs(got[:3990] - want[:3990]) / want[:3990]
+    near = xs[:3990] >= -20
+    assert np.max(rel[near]) < 2.5e-6 and np.max(rel[~near]) < 5e-6
+    assert np.max(got[3990:4000]) < 1.2e-38
+    assert got[4000] == 1.0 and (got[4001:4004] == 0.0).all()
