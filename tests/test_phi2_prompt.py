@@ -175,6 +175,37 @@ def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path, ho
     tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), ours)
 
 
+@needs_vnni
+@pytest.mark.parametrize("tuned_s, taken", [(0.98, False), (0.90, True)])
+def test_a_pick_within_the_margin_leaves_the_untuned_schedule(tmp_path, tuned_s, taken):
+    """A pick measured 2 % faster than the untuned schedule side by side is within ``PICK_MARGIN`` (5 %): the
+    untuned schedule stays (the rule row's binary); 10 % faster: the pick is taken."""
+    from tvm.s_tir import Schedule
+
+    from tvm_ext.bench.phi2.decode import model_kernels
+    from tvm_ext.tune.database import open_database
+    from tvm_ext.tune.seeds import PICK_MARGIN, confirm_picks, rule_schedule, seed_rules, tuned_schedule
+    from tvm_ext.tune.transfer import commit_measured
+
+    assert PICK_MARGIN == pytest.approx(0.05)
+    target = resolve_target("llvm")
+    full = pm.build_model("reduced", 1, capacity=4, seed=0, compute="int8")
+    name, mod = next((n, m) for n, m in model_kernels(full).items() if n.startswith("q4_int8_gemm"))
+    seed_rules({name: mod}, target, str(tmp_path), log=lambda m: None)
+    sch = Schedule(mod)
+    sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
+    db = open_database(str(tmp_path))
+    commit_measured(db, mod, sch, 1e-9, target)  # the pick: the kernel as built
+
+    def measure(batch):
+        return {key: (tuned_s if key.endswith("/tuned") else 1.0) for key in batch}
+
+    ratios = confirm_picks({name: mod}, target, str(tmp_path), None, log=lambda m: None, rounds=1, measure=measure)
+    assert ratios[name] == pytest.approx(tuned_s)
+    want = mod if taken else rule_schedule(mod, target)[1].mod
+    tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), want)
+
+
 @pytest.mark.slow  # 35 s on 2 cores (tuning)
 @needs_vnni
 def test_cli_decode_tune_then_tuned(tmp_path, capsys):
