@@ -45,12 +45,10 @@ import tvm
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
 from tvm.ir.utils import derived_object
-from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
-from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import (collect, is_param, one_candidate, root_child_blocks, sample_choice, schedule_each,
-                               working_func)
+from tvm_ext.tir_utils import (collect, is_param, one_candidate, planned_schedule, root_child_blocks, sample_choice,
+                               untuned_and_matches, working_func)
 
 LANES = 8  # float32 lanes of one AVX2 register
 SKIP = ("schedule_rule", "None")
@@ -140,16 +138,7 @@ def schedule(sch, form: str, sample: bool = False, annotate: bool = False) -> No
 def schedule_of(func, name: str = "main"):
     """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
     tuning database), or None where it does not match."""
-    form = _form(func)
-    if form is None:
-        return None
-    sch = Schedule(tvm.IRModule({name: func}))
-    sch.work_on(name)
-    try:
-        schedule(sch, form)
-    except ScheduleError:
-        return None
-    return sch
+    return planned_schedule(func, name, _form, schedule)
 
 
 def _in_memory_order(sch, block, loops) -> list:
@@ -327,14 +316,7 @@ def _axpy(sch, block, spatial, red, sample: bool = False) -> None:
     sch.decompose_reduction(block, red)
 
 
-def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
-    """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
-    return schedule_each(mod, schedule_of)
-
-
-def matches(func) -> bool:
-    """Whether ``untuned`` schedules ``func`` (a contraction this rule handles)."""
-    return schedule_of(func) is not None
+untuned, matches = untuned_and_matches(schedule_of, "a contraction this rule handles")
 
 
 @derived_object

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import tvm
 from tvm.ir.utils import derived_object
-from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
-from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import (dtype_bytes, is_param, one_candidate, root_child_blocks, schedule_each, vectorize_row,
-                               working_func)
+from tvm_ext.tir_utils import (dtype_bytes, is_param, one_candidate, planned_schedule, root_child_blocks,
+                               untuned_and_matches, vectorize_row, working_func)
 
 VECTOR_LANES = (16, 8, 4)
 PARALLEL_BYTES = 256 * 1024  # a block writing less runs on one thread (the pool's wake-up costs more)
@@ -85,26 +82,10 @@ def schedule(sch, plan, annotate: bool = False) -> None:
 def schedule_of(func, name: str = "main"):
     """A Schedule of ``func`` (as ``name``) with this rule's schedule applied, or None where it does not
     match."""
-    plan = _plan(func)
-    if plan is None:
-        return None
-    sch = Schedule(tvm.IRModule({name: func}))
-    sch.work_on(name)
-    try:
-        schedule(sch, plan)
-    except ScheduleError:
-        return None
-    return sch
+    return planned_schedule(func, name, _plan, schedule)
 
 
-def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
-    """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
-    return schedule_each(mod, schedule_of)
-
-
-def matches(func) -> bool:
-    """Whether ``untuned`` schedules ``func`` (an injective kernel this rule handles)."""
-    return schedule_of(func) is not None
+untuned, matches = untuned_and_matches(schedule_of, "an injective kernel this rule handles")
 
 
 @derived_object

@@ -27,14 +27,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import tvm
 from tvm.ir.utils import derived_object
-from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
-from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.tir_utils import (is_param, one_candidate, root_child_blocks, sample_choice, schedule_each, vectorize_row,
-                               working_func)
+from tvm_ext.tir_utils import (is_param, one_candidate, planned_schedule, root_child_blocks, sample_choice,
+                               untuned_and_matches, vectorize_row, working_func)
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
 SKIP = ("schedule_rule", "None")
@@ -146,26 +143,10 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
 def schedule_of(func, name: str = "main"):
     """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
     tuning database), or None where it does not match."""
-    plan = _plan(func)
-    if plan is None:
-        return None
-    sch = Schedule(tvm.IRModule({name: func}))
-    sch.work_on(name)
-    try:
-        schedule(sch, plan)
-    except ScheduleError:
-        return None
-    return sch
+    return planned_schedule(func, name, _plan, schedule)
 
 
-def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
-    """Every PrimFunc of ``mod`` that ``matches`` scheduled (module doc); the others unchanged."""
-    return schedule_each(mod, schedule_of)
-
-
-def matches(func) -> bool:
-    """Whether ``untuned`` schedules ``func`` (a row normalization this rule handles)."""
-    return schedule_of(func) is not None
+untuned, matches = untuned_and_matches(schedule_of, "a row normalization this rule handles")
 
 
 @derived_object
