@@ -25,7 +25,7 @@ from typing import Optional
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
-from tvm_ext.tir_utils import (dtype_bytes, is_param, one_candidate, planned_schedule, root_child_blocks,
+from tvm_ext.tir_utils import (is_param, one_candidate, planned_schedule, root_child_blocks, shape_bytes,
                                untuned_and_matches, vectorize_row, working_func)
 
 VECTOR_LANES = (16, 8, 4)
@@ -53,24 +53,16 @@ def _plan(func) -> Optional[list]:
     return [stmt.name_hint for stmt in stmts]
 
 
-def _written_bytes(stmt) -> int:
-    buf = stmt.writes[0].source
-    n = dtype_bytes(buf.dtype)
-    for extent in buf.shape:
-        n *= int(extent)
-    return n
-
-
 def schedule(sch, plan, annotate: bool = False) -> None:
     """Schedule the function ``sch`` works on as the module doc says; with ``annotate`` every block
     (and the root) is marked for PostOrderApply's other rules to skip."""
     for name in plan:
         block = sch.get_sblock(name)
-        stmt = sch.get(block)
+        written = sch.get(block).writes[0].source
         *outer, inner = sch.get_loops(block)
         extent = int(sch.get(inner).extent)
         lanes = next((n for n in VECTOR_LANES if extent % n == 0), None)
-        if outer and _written_bytes(stmt) >= PARALLEL_BYTES:
+        if outer and shape_bytes(written.dtype, written.shape) >= PARALLEL_BYTES:
             sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
         if annotate:
             sch.annotate(block, *SKIP)

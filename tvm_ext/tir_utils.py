@@ -102,6 +102,14 @@ def dtype_bytes(dtype) -> int:
     return dt.bits * dt.lanes // 8
 
 
+def shape_bytes(dtype, shape) -> int:
+    """Bytes of a buffer of ``shape`` (static extents) and ``dtype``: a parameter, a block's buffer, a constant."""
+    n = dtype_bytes(dtype)
+    for extent in shape:
+        n *= int(extent)
+    return n
+
+
 def dtype_lanes(dtype) -> int:
     return tvm.DataType(str(dtype)).lanes
 

@@ -17,7 +17,7 @@ a ``threads``-thread touch, says how far a kernel is from its own traffic's cost
 from __future__ import annotations
 
 from tvm_ext.arrays import param_buffers
-from tvm_ext.tir_utils import blocks_of, dtype_bytes, is_param
+from tvm_ext.tir_utils import blocks_of, is_param, shape_bytes
 
 LANES = 16  # uint32 words per vector: one AVX-512 register
 
@@ -32,13 +32,6 @@ def written_params(func) -> set:
     return written or {len(func.params) - 1}
 
 
-def _words(dtype: str, shape) -> int:
-    n = dtype_bytes(dtype)
-    for s in shape:
-        n *= int(s)
-    return n // 4
-
-
 def touch_source(params, written, threads: int) -> str:
     """TVMScript of the touch kernel (module doc) for ``params`` [(name, dtype, shape)]."""
     args = ", ".join(f"p{i}: T.Buffer({tuple(int(s) for s in shape)}, {dtype!r})"
@@ -50,7 +43,7 @@ def touch_source(params, written, threads: int) -> str:
         for i, (_, dtype, shape) in enumerate(params):
             if (i in written) != (phase == "write"):
                 continue
-            n = _words(dtype, shape)
+            n = shape_bytes(dtype, shape) // 4  # 4-byte words
             if not n:
                 continue
             full = n // LANES

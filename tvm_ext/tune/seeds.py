@@ -230,17 +230,18 @@ def confirm_picks(mods: dict, target, db_dir: str, runner, log=print, rounds: in
             untuned, tuned = secs[f"{name}/untuned"], secs[f"{name}/tuned"]
             if untuned and tuned:
                 ratios[name].append(tuned / untuned)
-    kept, out = read_kept(db_dir), {}
+    kept, out, lost = read_kept(db_dir), {}, []
     for name, (mod, _, _) in pairs.items():
         if not ratios[name]:
             continue
         out[name] = statistics.median(ratios[name])
         if out[name] > 1.0 - PICK_MARGIN:
             kept[kernel_key(mod)] = {"kernel": name, "tuned_over_untuned": out[name]}
+            lost.append(name)
         else:
             kept.pop(kernel_key(mod), None)
     write_json(os.path.join(db_dir, KEPT_FILE), kept, sort_keys=True)
-    lost = sorted(n for n, r in out.items() if r > 1.0 - PICK_MARGIN)
+    lost.sort()
     log(f"  tuned picks {PICK_MARGIN:.0%} faster side by side: {len(out) - len(lost)} of {len(out)}"
         + (f"; the untuned schedule stays for {', '.join(lost)}" if lost else ""))
     return out

@@ -14,6 +14,7 @@ import tvm_ffi
 
 from tvm_ext.arrays import random_arrays
 from tvm_ext.rulesets import space
+from tvm_ext.tir_utils import shape_bytes
 from tvm_ext.tune.runner import runner_seconds  # noqa: F401  (phi2 and its tests measure seeds with it)
 from tvm_ext.tune.seeds import is_gpu
 
@@ -113,7 +114,7 @@ SHARED_BYTES = 256
 
 def _const_bytes(const) -> int:
     """Bytes of a Relax constant, from its shape and dtype (not a copy of its data)."""
-    return int(np.prod([int(d) for d in const.value.shape])) * np.dtype(str(const.value.dtype)).itemsize
+    return shape_bytes(const.value.dtype, const.value.shape)
 
 
 def weight_positions(ks) -> dict:
@@ -149,15 +150,8 @@ def weight_positions(ks) -> dict:
 def nbytes(func, positions=None) -> int:
     """Bytes of all parameters of ``func`` (what one call moves at least), or of those at
     ``positions``."""
-    total = 0
-    for i, p in enumerate(func.params):
-        if positions is not None and i not in positions:
-            continue
-        n = 1
-        for s in p.shape:
-            n *= int(s)
-        total += n * np.dtype(str(p.dtype)).itemsize
-    return total
+    return sum(shape_bytes(p.dtype, p.shape) for i, p in enumerate(func.params)
+               if positions is None or i in positions)
 
 
 def measure_bandwidth(dev, mb=512, repeat=3):
