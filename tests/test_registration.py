@@ -18,6 +18,7 @@ KEYS = ("cpu", "gpu", "cuda", "generic")
 RULES = ("compute_inline", "reverse_compute_inline")
 TVM_NAMES = [f"s_tir.meta_schedule.{key}.{rule}" for key in KEYS for rule in RULES]
 OWN_NAMES = ["tvm_ext.schedule_rule.InlineConstantScalars", "tvm_ext.schedule_rule.ApplyBlockAttrRule",
+             "tvm_ext.schedule_rule.DequantGEMVCUDA", "tvm_ext.schedule_rule.InjectiveCPU",
              "tvm_ext.postproc.VerifyGPUCode", "tvm_ext.postproc.ThreadExtentPrecheck"]
 CPU_INLINE = "s_tir.meta_schedule.cpu.compute_inline"
 

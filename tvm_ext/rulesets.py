@@ -67,6 +67,8 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
             rules.append(rule)
     if kind == "llvm":
         rules = with_cpu_rules(rules)
+    else:
+        rules = with_cuda_rules(rules)
     add_vnni = _vnni(target, ruleset)
     return add_vnni(rules, [], target)[0] if add_vnni else rules
 
@@ -88,6 +90,18 @@ def with_cpu_rules(rules: list) -> list:
     names = [_name(r) for r in rules]
     idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
     rules[idx:idx] = [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()]
+    return rules
+
+
+def with_cuda_rules(rules: list) -> list:
+    """A copy of ``rules`` with our CUDA rule DequantGEMVCUDA (q4 decode GEMV kernels) right before
+    MultiLevelTiling (cuda rule sets other than ``upstream``); it passes every other block."""
+    from tvm_ext.rules.dequant_gemv_cuda import DequantGEMVCUDA  # pylint: disable=import-outside-toplevel
+
+    rules = list(rules)
+    names = [_name(r) for r in rules]
+    idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
+    rules[idx:idx] = [DequantGEMVCUDA()]
     return rules
 
 

@@ -1,8 +1,8 @@
 """Where a kernel's tuning starts, and what a database gives back: the scheduling policy the
 Phi-2 benches and ``tvm-ext generate`` share.
 
-* ``rule_schedule``: our CPU rules' untuned schedule of a kernel (the q4 x int8 GEMM, the
-  dequantize-GEMV, a row normalization, a contraction), the first that matches;
+* ``rule_schedule``: our rules' untuned schedule of a kernel (on CPUs the q4 x int8 GEMM, the
+  dequantize-GEMV, a row normalization, a contraction; on GPUs the dequantize-GEMV), the first that matches;
 * ``dlight_schedule``: the first dlight rule that applies (the untouched peer row);
 * ``seed_rules`` / ``seed_database``: either one committed as a tuning record with the seconds the
   tuning runner measured, so the search starts from it and a tuned record ranks above it only
@@ -28,13 +28,17 @@ def is_gpu(target) -> bool:
 
 # --------------------------------------------------------------------------- what a kernel starts from
 def rule_schedule(mod, target):
-    """(rule name, Schedule) of our first untuned CPU schedule that schedules ``mod``'s ``main``:
+    """(rule name, Schedule) of our first untuned schedule that schedules ``mod``'s ``main``; on CPUs:
     q4_int8_gemm (int8 projections), dequant_gemv (float projections), row_norm_cpu (LayerNorm),
-    contraction_cpu (attention), injective_cpu (rope, concatenates); None when none does."""
-    from tvm_ext.rules import (contraction_cpu, dequant_gemv, injective_cpu,  # pylint: disable=import-outside-toplevel
-                               q4_int8_gemm, row_norm_cpu)
+    contraction_cpu (attention), injective_cpu (rope, concatenates); on GPUs: dequant_gemv_cuda (the
+    q4 projections); None when none does."""
+    from tvm_ext.rules import (contraction_cpu, dequant_gemv, dequant_gemv_cuda,  # pylint: disable=import-outside-toplevel
+                               injective_cpu, q4_int8_gemm, row_norm_cpu)
 
     func = mod["main"]
+    if is_gpu(target):
+        sch = dequant_gemv_cuda.schedule_of(func)
+        return ("dequant_gemv_cuda", sch) if sch is not None else None
     for name, schedule_of in (("q4_int8_gemm", lambda: q4_int8_gemm.schedule_of(func, target=target)),
                               ("dequant_gemv", lambda: dequant_gemv.schedule_of(func, target=target)),
                               ("row_norm_cpu", lambda: row_norm_cpu.schedule_of(func)),

@@ -6,6 +6,7 @@ CUDA source and nvcc through ``tvm_ext.lowering`` and ``tvm_ext.check.nvcc``.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import time
 
@@ -44,17 +45,19 @@ def kernelsets(workload, config, context, tokens, dtype):
 
 
 # --------------------------------------------------------------------------- our CPU schedules
-def rule_module(required: bool = False):
-    """The dequantize-GEMV rule module (rules/dequant_gemv.py, imported lazily), or None where
-    this install lacks it; with ``required`` a ValueError (one clear line) instead of None."""
+def rule_module(required: bool = False, gpu: bool = False):
+    """The dequantize-GEMV rule module (rules/dequant_gemv.py, or rules/dequant_gemv_cuda.py for a GPU;
+    imported lazily), or None where this install lacks it; with ``required`` a ValueError (one clear
+    line) instead of None."""
+    name = "dequant_gemv_cuda" if gpu else "dequant_gemv"
     try:
-        from tvm_ext.rules import dequant_gemv  # pylint: disable=import-outside-toplevel
+        module = importlib.import_module(f"tvm_ext.rules.{name}")
     except ImportError:
         if required:
-            raise ValueError("schedule 'rule' needs the dequantize-GEMV rule (rules/dequant_gemv.py), "
+            raise ValueError(f"schedule 'rule' needs the dequantize-GEMV rule (rules/{name}.py), "
                              "which this install does not have") from None
         return None
-    return dequant_gemv
+    return module
 
 
 # --------------------------------------------------------------------------- build

@@ -99,9 +99,9 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         mods.setdefault(k.name, normalize(k.func))
     dl = {name: dlight_schedule(m, target, build_validator(target)) for name, m in mods.items()}
     scheduled = {"dlight": {n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()}}
-    wanted = not is_gpu(target) and bool({"rule", "seeded"} & set(schedules))  # the rows that start from them
+    wanted = bool({"rule", "seeded"} & set(schedules))  # the rows that start from them
     ours = {n: rule_schedule(m, target) if wanted else None for n, m in mods.items()}
-    # our rules' schedule where one applies (CPU), dlight's elsewhere: the "rule" row and the seeds
+    # our rules' schedule where one applies, dlight's elsewhere: the "rule" row and the seeds
     start = {n: scheduled["dlight"][n] if ours[n] is None else ours[n][1].mod for n in mods}
     if "rule" in schedules:
         scheduled["rule"] = dict(start)
@@ -128,7 +128,7 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         dbs[sched] = path
         if tuning:
             db = kernel_database(path, log)
-            if sched == "seeded":  # from our rules' schedule where one applies (CPU), else dlight's
+            if sched == "seeded":  # from our rules' schedule where one applies, else dlight's
                 seeds = {n: dl[n] if ours[n] is None else ours[n] for n in mods}
                 secs = dict(dl_secs, **runner_seconds({n: seeds[n][1].mod for n in mods if ours[n] is not None},
                                                       target, runner, builder))
@@ -181,11 +181,11 @@ def _trials_to_beat(dbs, ks, dl_secs, measured):
 
 # --------------------------------------------------------------------------- main
 def available_schedules(gpu: bool = False) -> tuple:
-    """SCHEDULES, plus "rule" on CPU targets when the dequantize-GEMV rule (rules/dequant_gemv.py)
-    is installed: its ``untuned`` schedule for the kernels it ``matches`` (and those of
-    rules/row_norm_cpu and rules/contraction_cpu for LayerNorm and attention), dlight's for the
-    others.  Those are CPU schedules (parallel and vector loops, no GPU threads): not on GPUs."""
-    return SCHEDULES + (("rule",) if rule_module() is not None and not gpu else ())
+    """SCHEDULES, plus "rule" when the dequantize-GEMV rule is installed: on CPUs its ``untuned`` schedule
+    (rules/dequant_gemv.py) for the kernels it ``matches`` (and those of our other CPU rules for
+    LayerNorm, attention, rope and the concatenates), on GPUs rules/dequant_gemv_cuda.py's for the q4
+    projections; dlight's for the others."""
+    return SCHEDULES + (("rule",) if rule_module(gpu=gpu) is not None else ())
 
 
 def run(workload, target="llvm", trials=None, from_logs=False, build_only=False, out_json=None,
@@ -257,7 +257,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
              "same_as": same_as, "floor": floor}
     if "rule" in schedules:
         extra["rule_matched"] = {(f, k.name) for f in (False, True) for k in kss[f].kernels
-                                 if rule_module().matches(normalize(k.func)["main"])}
+                                 if rule_module(gpu=gpu).matches(normalize(k.func)["main"])}
     rows = _rows(kss, sec, bandwidth, rules, beat, verified, ntok, schedules, extra)
     peer_rows = [dict({"peer": p.name, "projection": p.projection, "ms": t * 1e3,
                        "bound_ms": p.bytes / bandwidth / 1e6, "copies": p.copies}, **peer_err.get(i, {}))
@@ -292,9 +292,6 @@ def _check_schedules(schedules, gpu: bool = False) -> tuple:
     known = available_schedules(gpu)
     names = list(known) if not schedules else [s.strip() for s in schedules if s.strip()]
     for s in names:
-        if s == "rule" and gpu:
-            raise ValueError("schedule 'rule' is CPU schedules (parallel and vector loops); "
-                             f"for a GPU target choose from {', '.join(known)}")
         if s not in known:
             raise ValueError(f"unknown schedule {s!r}; known here: {', '.join(known)}")
     return tuple(s for s in known if s in names or s == "dlight")
