@@ -8,7 +8,9 @@
 # bandwidth bound (bench phi2-decode); (2) int8 ResNet-50 at batch 16, the seed's table: each rule
 # set (plugin, no-inline-const, upstream) tuned for the same TUNE_S seconds and TRIALS per task
 # (Ctrl-C semantics: the database stays valid), then all three timed in the same rounds, each
-# checked bit-exactly against NumPy. Results and the databases come back in $OUT.
+# checked bit-exactly against NumPy, beside PyTorch's fp16 ResNet-50 under a CUDA graph (--peers torch);
+# (3) if time is left, PyTorch's Phi-2 decode (tvm_ext.bench.torch_peers). Results and the databases come
+# back in $OUT.
 # --dry-run (on the CPU machine, through rehearse.py): the same steps with nothing run on a GPU:
 # TVM's parts staged and tested, every CUDA module of both experiments built with nvcc.
 set -u
@@ -54,7 +56,10 @@ for R in plugin no-inline-const upstream; do
   echo "tune $R rc=$? at $(( $(date +%s) - T0 )) s"
 done
 t=$(left); [ "$t" -gt 30 ] && timeout "$t" tvm-ext bench resnet50-int8 --target cuda --batch 16 \
-  --rulesets plugin,no-inline-const,upstream --from-logs --logs-dir "$W" --rounds 10 \
+  --rulesets plugin,no-inline-const,upstream --from-logs --logs-dir "$W" --rounds 10 --peers torch \
   --out "$OUT/bench-resnet50-int8-cuda-b16.json"
+# the PyTorch peer of the Phi-2 decode (transformers, fp16, static cache, CUDA graph): tok/s at context 512
+t=$(left); [ "$t" -gt 60 ] && timeout "$t" python3 -m tvm_ext.bench.torch_peers phi2 --context 512 \
+  --out "$OUT/peer-phi2-decode-torch-cuda.json"
 tar czf "$OUT/cuda-dbs.tgz" --exclude=logs "$W" 2>/dev/null
 echo "run: done in $(( $(date +%s) - T0 )) s"

@@ -26,7 +26,8 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     ``WORKLOAD:plugin``).
 
     ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
-    rounds (a row with ``"ruleset": "ort"``), ``"ov"`` OpenVINO's CPU plugin; ``layers`` adds
+    rounds (a row with ``"ruleset": "ort"``), ``"ov"`` OpenVINO's CPU plugin, ``"torch"`` PyTorch's fp16
+    ResNet-50 (``torch_peers``; on CUDA targets the peer of issue 32); ``layers`` adds
     ``"per_layer"``: every conv
     task of the first rule set's database against one ORT QLinearConv of its shape; ``breakdown`` > 0
     adds ``"breakdown"``: the first rule set's network, that many runs, each kernel inside it against
@@ -48,6 +49,14 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         if peer in peers:  # ONNX runtimes on the same network: its distance from the reference, in steps
             runs[peer], diff, info = getattr(peer_module(), network)(workload, threads, log)
             rows.append({"ruleset": peer, "exact_match": False, "threads": threads, about: info, **diff})
+    if "torch" in peers:  # a speed peer: its own random weights
+        try:
+            runs["torch"], info = peer_module().torch_network(workload, target, log)
+            rows.append({"ruleset": "torch", "exact_match": False, **info})
+        except ValueError:
+            raise  # not a peer of this network, or PyTorch missing: one clear line
+        except Exception as err:  # noqa: BLE001 -- the peer's own failure on this machine: our rows still count
+            log(f"peer torch left out: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
     if "tvm-onnx" in peers:
         runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)
         rows.append({"ruleset": "tvm-onnx", "exact_match": False, **diff})

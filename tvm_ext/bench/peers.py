@@ -21,7 +21,8 @@ from tvm_ext import tune as tuning
 from tvm_ext.arrays import random_arrays
 from tvm_ext.bench.timing import time_interleaved
 
-PEERS = ("ort", "ov", "tvm-onnx")  # ov: OpenVINO's CPU plugin; tvm-onnx: TVM's own from_onnx on an imported .onnx
+PEERS = ("ort", "ov", "tvm-onnx", "torch")  # ov: OpenVINO's CPU plugin; tvm-onnx: TVM's own from_onnx on an
+# imported .onnx; torch: PyTorch's fp16 ResNet-50 on a GPU (``torch_peers``)
 
 
 def parse_peers(text: str | None, known=PEERS, what: str = "peer") -> list[str]:
@@ -91,6 +92,22 @@ def ort_network(workload, threads: int, log=print):
     diff = diff_of(out)
     _said("ort", source, diff, log)
     return (lambda: sess.run(None, feed)), diff, weights
+
+
+def torch_network(workload, target, log=print):
+    """(callable, info) of PyTorch's ResNet-50 at the workload's batch and image size on ``target``'s device
+    (``torch_peers.resnet50``: fp16, channels_last, a CUDA graph on CUDA; random weights, so a speed peer
+    whose output is not compared); ValueError for a network other than the built-in ResNet-50s."""
+    from tvm_ext.bench import torch_peers
+
+    if not workload.name.startswith("resnet50") or getattr(workload, "onnx_source", None):
+        raise ValueError(f"peer 'torch' times torchvision's ResNet-50: not a peer of {workload.name}")
+    opts = workload.options
+    device = "cuda" if target.kind.name == "cuda" else "cpu"
+    fn, info = torch_peers.resnet50(opts.get("batch", 1), opts.get("image", 224), device)
+    log(f"torch: {info['model']}, {info['dtype']} {info['layout']} on {info['device']}, "
+        f"CUDA graph: {info['cuda_graph']}")
+    return fn, info
 
 
 def _openvino():
