@@ -41,13 +41,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-import tvm
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
-from tvm_ext.tir_utils import (collect, is_param, one_candidate, planned_schedule, root_child_blocks, sample_choice,
+from tvm_ext.contraction_pattern import axpy_load, big_load, single_contraction, uses
+from tvm_ext.tir_utils import (collect, one_candidate, planned_schedule, sample_choice,
                                untuned_and_matches, working_func)
 
 LANES = 8  # float32 lanes of one AVX2 register
@@ -57,62 +57,22 @@ PARTS = (16, 8, 4, 2)  # parallel ranges of the reduction in the one-query axpy 
 CHUNKS = (256, 128, 64)  # outputs per parallel chunk where no part count divides the reduction
 
 
-def _uses(expr, var) -> bool:
-    return any(v.same_as(var) for v in collect(expr, tvm.ir.expr.Var))
-
-
 def _form(func) -> Optional[str]:
     """"dot", "axpy" or None (module doc)."""
-    found = root_child_blocks(func)
+    found = single_contraction(func)
     if found is None:
         return None
-    sch, blocks = found
-    if len(blocks) != 1:
-        return None
-    block = sch.get(blocks[0])
-    kinds = [int(iv.iter_type) for iv in block.iter_vars]
-    if (len(block.reads) != 2 or len(block.writes) != 1 or not is_param(func, block.writes[0].source)
-            or kinds.count(2) != 1 or kinds[-1] != 2 or len(kinds) < 2):
-        return None
-    loops = sch.get_loops(blocks[0])
-    if len(loops) != len(kinds):
-        return None
+    block = found[2]
     reduce_var = block.iter_vars[-1].var
-    if _axpy_load(block) is not None:
+    if axpy_load(block) is not None:
         return "axpy" if int(block.iter_vars[-2].dom.extent) % CHUNKS[-1] == 0 else None
-    load = _big_load(block)
+    load = big_load(block)
     if load is None:
         return None
     last_index = load.indices[-1]
     if isinstance(last_index, tirx.Var) and last_index.same_as(reduce_var):
         return "dot" if int(block.iter_vars[-1].dom.extent) % LANES == 0 else None
     return None
-
-
-def _axpy_load(block):
-    """The load whose innermost index follows the output's innermost var and not the reduction
-    (``V[r, c // d, c % d]`` in attention's values), or None.  Checked before the size of the
-    operands: with many queries the probabilities outgrow the values they weigh."""
-    reduce_var, last_spatial = block.iter_vars[-1].var, block.iter_vars[-2].var
-    for load in collect(block.body, TensorLoad):
-        last_index = load.indices[-1]
-        if _uses(last_index, last_spatial) and not _uses(last_index, reduce_var):
-            if not load.source.same_as(block.writes[0].source):
-                return load
-    return None
-
-
-def _size(buf) -> int:
-    size = 1
-    for extent in buf.shape:
-        size *= int(extent) if isinstance(extent, tirx.IntImm) else 1
-    return size
-
-
-def _big_load(block):
-    """The block body's load of its larger operand (module doc), or None."""
-    big = max(block.reads, key=lambda r: _size(r.source))
-    return next((load for load in collect(block.body, TensorLoad) if load.source.same_as(big.source)), None)
 
 
 def schedule(sch, form: str, sample: bool = False, annotate: bool = False) -> None:
@@ -145,11 +105,11 @@ def _in_memory_order(sch, block, loops) -> list:
     """``loops`` (one per spatial iter var, in order) reordered as their vars index the larger
     operand, outermost first; vars it does not use go first."""
     stmt = sch.get(block)
-    load = _big_load(stmt)  # found: _form accepted the block
+    load = big_load(stmt)  # found: _form accepted the block
 
     def position(k):
         var = stmt.iter_vars[k].var
-        return next((i for i, index in enumerate(load.indices) if _uses(index, var)), -1)
+        return next((i for i, index in enumerate(load.indices) if uses(index, var)), -1)
 
     order = sorted(range(len(loops)), key=position)
     if order != list(range(len(loops))):
@@ -184,7 +144,7 @@ def _dot_roles(block):
     a plain var, batch vars index both, the query var only the smaller, the key var only the larger
     (a multiple of 16 long); else None."""
     loads = collect(block.body, TensorLoad)
-    big = _big_load(block)
+    big = big_load(block)
     small = next((ld for ld in loads if not ld.source.same_as(big.source)
                   and not ld.source.same_as(block.writes[0].source)), None)
     if small is None or not all(isinstance(x, tirx.Var) for x in list(big.indices) + list(small.indices)):
@@ -200,7 +160,7 @@ def _dot_roles(block):
 
 
 def _uses_any(indices, var) -> bool:
-    return any(_uses(index, var) for index in indices)
+    return any(uses(index, var) for index in indices)
 
 
 def _dot_tiles(sch, block, spatial, red, roles, sample: bool = False) -> None:
@@ -216,7 +176,7 @@ def _dot_tiles(sch, block, spatial, red, roles, sample: bool = False) -> None:
     k_o, k_i = sch.split(k_loop, [None, _pick(sch, KEY_TILES, int(key.dom.extent), False)])
     sch.reorder(*outer, q_o, k_o, red, q_i, k_i)
     head = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    big_index = next(k for k, r in enumerate(stmt.reads) if r.source.same_as(_big_load(stmt).source))
+    big_index = next(k for k, r in enumerate(stmt.reads) if r.source.same_as(big_load(stmt).source))
     copy = sch.cache_read(block, big_index, "global")
     sch.compute_at(copy, head)
     sch.transform_layout(block, ("read", big_index),
@@ -230,7 +190,7 @@ def _dot_tiles(sch, block, spatial, red, roles, sample: bool = False) -> None:
 
 def _row_length(block, var) -> Optional[int]:
     """D when the larger operand is indexed by ``var % D`` (a fused heads x head_dim output axis)."""
-    for index in _axpy_load(block).indices:
+    for index in axpy_load(block).indices:
         if isinstance(index, tirx.FloorMod) and isinstance(index.a, tirx.Var) and index.a.same_as(var) \
                 and isinstance(index.b, tirx.IntImm):
             return int(index.b.value)

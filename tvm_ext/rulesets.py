@@ -94,14 +94,17 @@ def with_cpu_rules(rules: list) -> list:
 
 
 def with_cuda_rules(rules: list) -> list:
-    """A copy of ``rules`` with our CUDA rule DequantGEMVCUDA (q4 decode GEMV kernels) right before
-    MultiLevelTiling (cuda rule sets other than ``upstream``); it passes every other block."""
-    from tvm_ext.rules.dequant_gemv_cuda import DequantGEMVCUDA  # pylint: disable=import-outside-toplevel
+    """A copy of ``rules`` with our CUDA rules right before MultiLevelTiling (cuda rule sets other than
+    ``upstream``): DequantGEMVCUDA (q4 decode GEMV kernels) and ContractionCUDA (decode attention's value
+    product).  Each matches by structure and passes every other block."""
+    # pylint: disable=import-outside-toplevel
+    from tvm_ext.rules.contraction_cuda import ContractionCUDA
+    from tvm_ext.rules.dequant_gemv_cuda import DequantGEMVCUDA
 
     rules = list(rules)
     names = [_name(r) for r in rules]
     idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
-    rules[idx:idx] = [DequantGEMVCUDA()]
+    rules[idx:idx] = [DequantGEMVCUDA(), ContractionCUDA()]
     return rules
 
 

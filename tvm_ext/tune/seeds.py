@@ -31,14 +31,18 @@ def rule_schedule(mod, target):
     """(rule name, Schedule) of our first untuned schedule that schedules ``mod``'s ``main``; on CPUs:
     q4_int8_gemm (int8 projections), dequant_gemv (float projections), row_norm_cpu (LayerNorm),
     contraction_cpu (attention), injective_cpu (rope, concatenates); on GPUs: dequant_gemv_cuda (the
-    q4 projections); None when none does."""
-    from tvm_ext.rules import (contraction_cpu, dequant_gemv, dequant_gemv_cuda,  # pylint: disable=import-outside-toplevel
-                               injective_cpu, q4_int8_gemm, row_norm_cpu)
+    q4 projections), contraction_cuda (attention's value product); None when none does."""
+    from tvm_ext.rules import (contraction_cpu, contraction_cuda,  # pylint: disable=import-outside-toplevel
+                               dequant_gemv, dequant_gemv_cuda, injective_cpu, q4_int8_gemm, row_norm_cpu)
 
     func = mod["main"]
     if is_gpu(target):
-        sch = dequant_gemv_cuda.schedule_of(func)
-        return ("dequant_gemv_cuda", sch) if sch is not None else None
+        for name, schedule_of in (("dequant_gemv_cuda", dequant_gemv_cuda.schedule_of),
+                                  ("contraction_cuda", contraction_cuda.schedule_of)):
+            sch = schedule_of(func)
+            if sch is not None:
+                return name, sch
+        return None
     for name, schedule_of in (("q4_int8_gemm", lambda: q4_int8_gemm.schedule_of(func, target=target)),
                               ("dequant_gemv", lambda: dequant_gemv.schedule_of(func, target=target)),
                               ("row_norm_cpu", lambda: row_norm_cpu.schedule_of(func)),
