@@ -8,9 +8,9 @@
 # bandwidth bound (bench phi2-decode); (2) int8 ResNet-50 at batch 16, the seed's table: each rule
 # set (plugin, no-inline-const, upstream) tuned for the same TUNE_S seconds and TRIALS per task
 # (Ctrl-C semantics: the database stays valid), then all three timed in the same rounds, each
-# checked bit-exactly against NumPy, beside PyTorch's fp16 ResNet-50 under a CUDA graph (--peers torch);
-# (3) if time is left, PyTorch's Phi-2 decode (tvm_ext.bench.torch_peers). Results and the databases come
-# back in $OUT.
+# checked bit-exactly against NumPy, beside PyTorch's fp16 ResNet-50 under a CUDA graph (--peers torch).
+# Between them (3): whole-model decode, the 32-layer step as one CUDA graph (generate --target cuda), dlight vs
+# our rules, beside transformers' Phi-2 under a CUDA graph. Results and the databases come back in $OUT.
 # --dry-run (on the CPU machine, through rehearse.py): the same steps with nothing run on a GPU:
 # TVM's parts staged and tested, every CUDA module of both experiments built with nvcc.
 set -u
@@ -28,6 +28,8 @@ W=tvm_ext_work
 if [ $DRY = 1 ]; then
   timeout "$(left)" tvm-ext bench phi2-decode --target cuda-sm90 --build-only --schedules dlight,rule \
     > "$OUT/build-phi2-decode-cuda.txt" && echo "phi2-decode: every dlight and rule kernel built (nvcc)"
+  timeout "$(left)" python3 -c "from tvm_ext.bench.phi2.decode_gpu import build_only; build_only('cuda-sm90')" \
+    || echo "generate --target cuda: the one-function step did not build"
   timeout "$(left)" tvm-ext tune resnet50-int8 --target cuda-sm90 --batch 16 --build-only --candidates 1 \
     --json > "$OUT/build-resnet50-int8-cuda-b16.json" && python3 -c "
 import json, sys
@@ -49,6 +51,10 @@ if [ $rc != 0 ] && [ "$(left)" -gt 300 ]; then  # our rule's first run on a GPU 
     --out "$OUT/bench-phi2-decode-cuda.json"
   echo "phi2-decode (dlight alone) rc=$? at $(( $(date +%s) - T0 )) s"
 fi
+# whole-model decode: the 32-layer step as one CUDA graph, dlight vs our rules, beside transformers' Phi-2
+t=$(left); [ "$t" -gt 200 ] && timeout "$(( t - 60 < 150 ? t - 60 : 150 ))" tvm-ext generate --target cuda \
+  --context 512 --tokens 32 --rounds 3 --peers torch --out "$OUT/generate-phi2-cuda.json"
+echo "generate rc=$? at $(( $(date +%s) - T0 )) s"
 for R in plugin no-inline-const upstream; do
   t=$(left); [ "$t" -gt 60 ] || break
   timeout -s INT -k 20 "$(( t < TUNE_S ? t : TUNE_S ))" tvm-ext tune resnet50-int8 --target cuda --batch 16 \
@@ -58,8 +64,6 @@ done
 t=$(left); [ "$t" -gt 30 ] && timeout "$t" tvm-ext bench resnet50-int8 --target cuda --batch 16 \
   --rulesets plugin,no-inline-const,upstream --from-logs --logs-dir "$W" --rounds 10 --peers torch \
   --out "$OUT/bench-resnet50-int8-cuda-b16.json"
-# the PyTorch peer of the Phi-2 decode (transformers, fp16, static cache, CUDA graph): tok/s at context 512
-t=$(left); [ "$t" -gt 60 ] && timeout "$t" python3 -m tvm_ext.bench.torch_peers phi2 --context 512 \
-  --out "$OUT/peer-phi2-decode-torch-cuda.json"
+
 tar czf "$OUT/cuda-dbs.tgz" --exclude=logs "$W" 2>/dev/null
 echo "run: done in $(( $(date +%s) - T0 )) s"

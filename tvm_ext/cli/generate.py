@@ -62,6 +62,12 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=count, default=None,
                    help="TVM worker threads (default: the physical cores; TVM's own default on x86 is half the "
                         "logical CPUs, 1 on a 2-vCPU VM)")
+    p.add_argument("--target", default="llvm",
+                   help="llvm (default: this host's CPU) or cuda / cuda-sm80 / cuda-sm90: on a GPU the whole step is "
+                        "one Relax function in fp16 (q4f16_1) replayed as one CUDA graph; --schedule takes dlight and "
+                        "rule (our CUDA rules for the projections and the attention's value product; default both), "
+                        "--peers takes torch (transformers' Phi-2 in fp16 with a static cache under a CUDA graph, "
+                        "once per round after our rows)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and the past (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
@@ -77,6 +83,13 @@ def run(args) -> int:
     from tvm_ext.cli.generate_prompt import int8_database, run_prompt
     from tvm_ext.jsonio import write_json
 
+    from tvm_ext.targets import resolve_target
+    from tvm_ext.tune.seeds import is_gpu
+
+    if is_gpu(resolve_target(args.target)):
+        return run_gpu(args)
+    if args.target != "llvm":
+        raise ValueError(f"--target {args.target}: the CPU decode runs on this host's CPU (llvm) or a GPU (cuda)")
     if args.prompt:
         return run_prompt(args)
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -122,6 +135,52 @@ def run(args) -> int:
     if args.out:
         write_json(args.out, doc)
     print(json.dumps(doc) if args.json else format_table(rows))
+    return 0
+
+
+def run_gpu(args) -> int:
+    """``generate --target cuda``: ``bench.phi2.decode_gpu`` (rows dlight and rule, the torch peer)."""
+    import json
+
+    from tvm_ext.bench.phi2.decode_gpu import SCHEDULES, decode_gpu_rows
+    from tvm_ext.cli.common import check_out_dir, log
+    from tvm_ext.jsonio import write_json
+
+    if args.prompt or args.tune:
+        raise ValueError("on a GPU generate decodes only: no --prompt or --tune yet")
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if any(p != "torch" for p in peers):
+        raise ValueError(f"on a GPU --peers takes torch, not {args.peers!r}")
+    schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
+    context = 512 if args.context is None else args.context
+    check_out_dir(args.out)
+    quiet = (lambda msg: None) if args.quiet else log
+    peer, info = None, {}
+    if peers:
+        from tvm_ext.bench.torch_peers import phi2_decode, time_calls
+
+        step, info = phi2_decode(context + args.tokens // 2, device="cuda", config=args.config)
+        peer = lambda: 1.0 / time_calls(step, calls=args.tokens, rounds=1)  # noqa: E731
+    rows = decode_gpu_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens, context=context,
+                           target=args.target, seed=args.seed, rounds=args.rounds, peer=peer, log=quiet)
+    if peers:
+        for r in rows:
+            r["peer"] = info
+    doc = rows[0] if len(rows) == 1 else rows
+    if args.out:
+        write_json(args.out, doc)
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        d = rows[0]
+        print(f"phi2 decode on {d['device']}, {d['config']}: {d['layers']} layers, {d['tokens']} tokens after "
+              f"{d['context']} positions, {d['dtype']}, CUDA graph: {d['cuda_graph']}; bound {d['bound_tok_s']:.0f} "
+              f"tok/s ({(d['weight_bytes'] + d['kv_bytes']) / 1e6:.0f} MB a token at {d['bandwidth_gbs']:.0f} GB/s)")
+        for r in rows:
+            extra = f", {r['vs_peer']:.2f}x torch" if "vs_peer" in r else ""
+            same = (f", {100 * r['vs_first']['same_tokens']:.0f}% of {r['vs_first']['schedule']}'s tokens"
+                    if "vs_first" in r else "")
+            print(f"  {r['schedule']:8s} {r['tok_s']:9.1f} tok/s  {100 * r['of_bound']:5.1f}% of bound{extra}{same}")
     return 0
 
 

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2.kernels import measure_bandwidth, nbytes, normalize, rule_module
+from tvm_ext.bench.phi2.kernels import build_validator, measure_bandwidth, nbytes, normalize, rule_module
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.tune.seeds import dlight_schedule, rule_schedule, tuned_schedule
 
@@ -72,7 +72,7 @@ def schedule(mod, target, how="dlight", database=None):
         elif ours is not None:
             used[gv.name_hint], sch_mod = ours[0], ours[1].mod
         else:
-            name, sch = dlight_schedule(m, target)
+            name, sch = dlight_schedule(m, target, build_validator(target))  # GPU: a rule whose kernel fails falls back
             used[gv.name_hint] = name
             sch_mod = None if sch is None else sch.mod
         if sch_mod is not None:

@@ -49,6 +49,7 @@ class Phi2Model:
     mod: object  # lowered (fused) Relax module with embed / layer / head, unscheduled
     compute: str = "float"  # the projections' arithmetic (layers.projector)
     prompt: int = 0  # tokens of the compiled prefill (0: none; see ``_build_module``)
+    dtype: str = DTYPE  # activations, caches, biases and LayerNorm (float16 in ``step``'s GPU build)
 
     def layer_weights(self, i):
         """NumPy weights of layer ``i`` (regenerated on each call)."""
@@ -59,12 +60,14 @@ class Phi2Model:
 
     def weight_bytes(self):
         """Bytes of all layers' and the head's weights (what a token streams)."""
-        one = sum(a.nbytes for a in _flat(self.layer_weights(0)))
-        return self.layers * one + sum(a.nbytes for a in _flat(self.head_weights()))
+        def size(arrays):  # the recipe's float32 arrays (biases, LayerNorm) go up in the model's dtype
+            return sum(a.size * np.dtype(self.dtype).itemsize if a.dtype == np.float32 else a.nbytes for a in arrays)
+
+        return self.layers * size(_flat(self.layer_weights(0))) + size(_flat(self.head_weights()))
 
     def kv_bytes(self, positions):
         """Bytes of keys + values of ``positions`` cached tokens over all layers."""
-        return 2 * self.layers * positions * self.cfg["heads"] * self.cfg["head_dim"] * np.dtype(DTYPE).itemsize
+        return 2 * self.layers * positions * self.cfg["heads"] * self.cfg["head_dim"] * np.dtype(self.dtype).itemsize
 
 
 def _flat(w, names=None):
@@ -140,9 +143,9 @@ def _kv_write_prompt(capacity, tokens, heads, head_dim, dtype):
     return kv_write_prompt
 
 
-def _weight_vars(cfg, names, repacked=False):
-    """Relax parameters for the weights ``names``: {name: Var or (packed, scale, bias) Vars};
-    ``repacked``: the projections in the layout of ``q4_int8_gemm.repack``."""
+def _weight_vars(cfg, names, repacked=False, dtype=DTYPE):
+    """Relax parameters for the weights ``names``: {name: Var or (packed, scale, bias) Vars}, biases and
+    LayerNorm in ``dtype``; ``repacked``: the projections in the layout of ``q4_int8_gemm.repack``."""
     from tvm import relax
 
     d, m, v = cfg["hidden"], cfg["mlp"], cfg["vocab"]
@@ -153,14 +156,14 @@ def _weight_vars(cfg, names, repacked=False):
             k, n = shapes[name]
             out[name] = (relax.Var(f"{name}_wq", relax.TensorType((n // 16, k // 8, 16), "uint32")),
                          relax.Var(f"{name}_ws", relax.TensorType((n // 16, k // GROUP, 16), "float16")),
-                         relax.Var(f"{name}_b", relax.TensorType((n,), DTYPE)))
+                         relax.Var(f"{name}_b", relax.TensorType((n,), dtype)))
         elif name in shapes:
             k, n = shapes[name]
             out[name] = (relax.Var(f"{name}_q", relax.TensorType((n, k // 8), "uint32")),
                          relax.Var(f"{name}_s", relax.TensorType((n, k // GROUP), "float16")),
-                         relax.Var(f"{name}_b", relax.TensorType((n,), DTYPE)))
+                         relax.Var(f"{name}_b", relax.TensorType((n,), dtype)))
         else:
-            out[name] = relax.Var(name, relax.TensorType((d,), DTYPE))
+            out[name] = relax.Var(name, relax.TensorType((d,), dtype))
     return out
 
 
@@ -236,7 +239,8 @@ class Decoder:
         self.rt = executable.jit() if hasattr(executable, "jit") else executable  # linked once
         self.vm = relax.VirtualMachine(self.rt, self.dev)
         self.rules = {}  # kernel name -> schedule it got (set by whoever scheduled the module)
-        up = lambda a: tvm.runtime.tensor(a, self.dev)  # noqa: E731
+        # the float32 arrays of the recipe (biases, LayerNorm) in the model's dtype; words and scales as they are
+        up = lambda a: tvm.runtime.tensor(a.astype(model.dtype) if a.dtype == np.float32 else a, self.dev)  # noqa: E731
         # weights by layout, shared with ``share`` (uploading the layout this model needs once): the
         # float projections read the model's (N, K/8) words, the int8 ones ``q4_int8_gemm.repack``'s
         self.store = share.store if share is not None else {}
@@ -259,7 +263,7 @@ class Decoder:
         self.table = self.store["table"]
         cfg = model.cfg
         shape = (1, model.capacity, cfg["heads"], cfg["head_dim"])
-        zeros = np.zeros(shape, DTYPE)
+        zeros = np.zeros(shape, model.dtype)
         self.caches = [[up(zeros), up(zeros)] for _ in range(model.layers)]
 
     def fill_past(self, positions, seed=0, keep=False):
@@ -273,7 +277,7 @@ class Decoder:
         kept = []
         for pair in self.caches:
             for c in pair:
-                a = np.zeros(shape, DTYPE)
+                a = np.zeros(shape, self.model.dtype)
                 a[:, :positions] = rng.standard_normal((1, positions) + shape[2:])
                 c.copyfrom(a)
                 if keep:

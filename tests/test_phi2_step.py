@@ -1,0 +1,69 @@
+"""The one-function Phi-2 decode step (tvm_ext.workloads.phi2.step) and its GPU decode (bench.phi2.decode_gpu).
+
+On the CPU: the step computes what the per-layer decoder computes (same logits, same tokens), its kernels
+are the per-layer model's (one PrimFunc per distinct kernel, not one per layer), and decode_gpu's rows run
+end to end on llvm.  For CUDA (nvcc, no GPU): the full step builds with every kernel scheduled and the VM
+replays all of it but the last kernel as one CUDA graph."""
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm_ext.bench.phi2 import decode_gpu  # noqa: E402
+from tvm_ext.bench.phi2.decode import decoder, schedule  # noqa: E402
+from tvm_ext.targets import resolve_target  # noqa: E402
+from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
+from tvm_ext.workloads.phi2 import step as st  # noqa: E402
+
+CPU = resolve_target("llvm")
+
+
+def _prim_names(mod):
+    return sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def test_the_step_computes_what_the_layer_by_layer_decoder_computes():
+    step_model = st.build_step("reduced", capacity=12, dtype="float32", gpu=False)
+    layer_model = pm.build_model("reduced", capacity=12)
+    assert len(_prim_names(step_model.mod)) == len(_prim_names(layer_model.mod))  # one kernel per kind, not per layer
+    mod, _ = schedule(step_model.mod, CPU, "rule")
+    one = st.StepDecoder(step_model, st.compile_step(mod, CPU))
+    per_layer = decoder(layer_model, CPU, "rule")
+    one.fill_past(5, seed=3)
+    per_layer.fill_past(5, seed=3)
+    for pos, token in ((5, 3), (6, 17), (7, 250)):
+        np.testing.assert_allclose(one.step(token, pos), per_layer.step(token, pos), rtol=1e-5, atol=1e-5)
+    assert one.generate([9], 3, start=8)[0] == per_layer.generate([9], 3, start=8)[0]
+    with pytest.raises(ValueError, match="no compiled prefill"):
+        one.prefill([1, 2])
+
+
+def test_decode_rows_run_on_the_cpu():
+    rows = decode_gpu.decode_gpu_rows(("rule",), config="reduced", tokens=3, context=6, target="llvm", rounds=2,
+                                      log=lambda msg: None)
+    (row,) = rows
+    assert row["schedule"] == "rule" and len(row["generated"]) == 3 and len(row["tok_s_rounds"]) == 2
+    assert 0 < row["of_bound"] and row["dtype"] == "float32" and row["cuda_graph"] is False
+    with pytest.raises(ValueError, match="on a GPU the schedules are"):
+        decode_gpu.decode_gpu_rows(("int8",), config="reduced", target="llvm")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_the_cuda_step_builds_as_one_graph():
+    built = decode_gpu.build_only("cuda-sm80", config="reduced", capacity=16, log=lambda msg: None)
+    assert {how: b["cuda_graph_regions"] for how, b in built.items()} == {"dlight": 1, "rule": 1}
+    assert built["rule"]["rules"]["attn_value"] == "contraction_cuda"
+    assert sum(r == "dequant_gemv_cuda" for r in built["rule"]["rules"].values()) == 5  # qkv, o, fc1, fc2, lm_head
+
+
+def test_generate_on_a_gpu_target_without_one_says_so_in_one_line():
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is here")
+    for extra, said in (([], "no CUDA device here"), (["--peers", "llama.cpp"], "on a GPU --peers takes torch")):
+        out = subprocess.run([sys.executable, "-m", "tvm_ext", "generate", "--target", "cuda", "--config", "reduced",
+                              *extra], capture_output=True, text=True, check=False)
+        assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr
