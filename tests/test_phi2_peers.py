@@ -233,6 +233,7 @@ def test_unknown_schedule_is_refused():
         phi2_bench.run("phi2-decode", schedules=["dlight", "fast"], config="reduced", out_json="")
 
 
+@pytest.mark.slow  # 3.5 s of nvcc; the rules' own tests and the lent-machine rehearsal build these kernels too
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 def test_the_rule_row_builds_for_a_gpu_target():
     """On a GPU target "rule" is rules/dequant_gemv_cuda.py's schedule for the q4 projections, dlight's
