@@ -55,7 +55,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.gemv_pattern import GemvPattern, match, match_func
+from tvm_ext.gemv_pattern import GemvPattern, inline_around, match, match_func
 from tvm_ext.tir_utils import sample_choice, schedule_each
 
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
@@ -93,11 +93,7 @@ def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annota
     rows = sample_choice(sch, row_candidates(pattern), DEFAULT_ROWS, sample)
     sums = sample_choice(sch, sum_candidates(pattern), DEFAULT_SUMS, sample)
     splits = sample_choice(sch, split_candidates(pattern), DEFAULT_SPLITS, sample) if split_k else None
-    if pattern.dequantize is not None:
-        sch.compute_inline(sch.get_sblock(pattern.dequantize))
-    for name in pattern.epilogues[:-1]:
-        sch.compute_inline(sch.get_sblock(name))
-    last = sch.get_sblock(pattern.epilogues[-1]) if pattern.epilogues else None
+    last = inline_around(sch, pattern)
     *_, n_loop, k_loop = sch.get_loops(block)
     sch.split(n_loop, [None, rows])
     if split_k:
@@ -157,10 +153,7 @@ def schedule_factored(sch, block, pattern: GemvPattern, lanes: int) -> None:
 
     if pattern.pack != q4_gemv.PACK or pattern.group != q4_gemv.GROUP:
         raise ValueError("not the q4 format of the factored intrinsic")
-    if pattern.dequantize is not None:
-        sch.compute_inline(sch.get_sblock(pattern.dequantize))
-    for name in pattern.epilogues[:-1]:
-        sch.compute_inline(sch.get_sblock(name))
+    inline_around(sch, pattern)
     gemv = sch.get(block)
     x_buf = next(r.source for r in gemv.reads if str(r.source.dtype) == "float32"
                  and not r.source.same_as(gemv.writes[0].source))

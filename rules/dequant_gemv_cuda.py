@@ -37,7 +37,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.gemv_pattern import GemvPattern, match, match_func
+from tvm_ext.gemv_pattern import GemvPattern, inline_around, match, match_func
 from tvm_ext.tir_utils import sample_choice, schedule_each
 
 THREADS = (32, 16, 64, 128)  # threads per row, preferred first: one warp a row, then half a warp
@@ -79,11 +79,7 @@ def schedule_gemv(sch, block, pattern: GemvPattern, threads: int, sample: bool =
     words = sample_choice(sch, word_candidates(pattern, threads), max(WORDS), sample)
     rows = sample_choice(sch, row_candidates(pattern), DEFAULT_ROWS, sample)
     unroll = sample_choice(sch, list(UNROLL), DEFAULT_UNROLL, sample)
-    if pattern.dequantize is not None:
-        sch.compute_inline(sch.get_sblock(pattern.dequantize))
-    for name in pattern.epilogues[:-1]:
-        sch.compute_inline(sch.get_sblock(name))
-    last = sch.get_sblock(pattern.epilogues[-1]) if pattern.epilogues else None
+    last = inline_around(sch, pattern)
     *_, n_loop, k_loop = sch.get_loops(block)
     sch.split(n_loop, [None, rows])
     _, tx, _, _ = sch.split(k_loop, [None, threads, words, pattern.pack])

@@ -1,4 +1,5 @@
-"""Structure of a CPU decode dequantize-GEMV kernel (the analysis behind ``rules/dequant_gemv.py``).
+"""Structure of a decode dequantize-GEMV kernel (the analysis behind ``rules/dequant_gemv.py`` and
+``rules/dequant_gemv_cuda.py``; ``inline_around`` is both rules' first schedule step).
 
 A PrimFunc is a *dequantize-GEMV* when its blocks are, in program order:
 
@@ -238,3 +239,14 @@ def _loops_fit(sch, block, realize) -> bool:
     return (_is_var(k_bind, k_loop.loop_var) and _is_var(n_bind, n_loop.loop_var)
             and _int(k_loop.min) == 0 and _int(n_loop.min) == 0
             and _int(k_loop.extent) == iters[2] and _int(n_loop.extent) == iters[3])
+
+
+def inline_around(sch, pattern: GemvPattern):
+    """The first step of every schedule of the pattern: the dequantize (where it is a block) inlined into
+    the GEMV and all epilogues but the last inlined into it; returns the last epilogue's block (None
+    without epilogues), where the rules compute the output."""
+    if pattern.dequantize is not None:
+        sch.compute_inline(sch.get_sblock(pattern.dequantize))
+    for name in pattern.epilogues[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    return sch.get_sblock(pattern.epilogues[-1]) if pattern.epilogues else None
