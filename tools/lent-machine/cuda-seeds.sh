@@ -42,8 +42,8 @@ print(f'resnet50-int8 b16: {len(tasks) - len(empty)} of {len(tasks)} tasks built
   exit 0
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
-timeout "$(left)" tvm-ext bench phi2-decode --target cuda --schedules dlight,rule --rounds 5 \
-  --out "$OUT/bench-phi2-decode-cuda.json"
+timeout "$(( $(left) - 330 ))" tvm-ext bench phi2-decode --target cuda --schedules dlight,rule --rounds 5 \
+  --out "$OUT/bench-phi2-decode-cuda.json"  # keeps ~330 s for the whole-model decode and ResNet-50
 rc=$?; echo "phi2-decode rc=$rc at $(( $(date +%s) - T0 )) s"
 if [ $rc != 0 ] && [ "$(left)" -gt 300 ]; then  # our rule's first run on a GPU failed (e.g. its check
   # against NumPy): the dlight row alone, so the lease still answers the seed's question
@@ -52,12 +52,15 @@ if [ $rc != 0 ] && [ "$(left)" -gt 300 ]; then  # our rule's first run on a GPU 
   echo "phi2-decode (dlight alone) rc=$? at $(( $(date +%s) - T0 )) s"
 fi
 # whole-model decode: the 32-layer step as one CUDA graph, dlight vs our rules, beside transformers' Phi-2
-t=$(left); [ "$t" -gt 200 ] && timeout "$(( t - 60 < 150 ? t - 60 : 150 ))" tvm-ext generate --target cuda \
+t=$(left); [ "$t" -gt 300 ] && timeout "$(( t - 240 < 150 ? t - 240 : 150 ))" tvm-ext generate --target cuda \
   --context 512 --tokens 32 --rounds 3 --peers torch --out "$OUT/generate-phi2-cuda.json"
 echo "generate rc=$? at $(( $(date +%s) - T0 )) s"
+# the same tuning time for each rule set: an equal share of what is left once ~100 s are kept for the bench
+SHARE=$(( ($(left) - 100) / 3 )); SHARE=$(( SHARE < TUNE_S ? SHARE : TUNE_S ))
+echo "tuning each rule set for $SHARE s"
 for R in plugin no-inline-const upstream; do
-  t=$(left); [ "$t" -gt 60 ] || break
-  timeout -s INT -k 20 "$(( t < TUNE_S ? t : TUNE_S ))" tvm-ext tune resnet50-int8 --target cuda --batch 16 \
+  [ "$SHARE" -gt 20 ] || break
+  timeout -s INT -k 20 "$SHARE" tvm-ext tune resnet50-int8 --target cuda --batch 16 \
     --ruleset "$R" --trials "$TRIALS"
   echo "tune $R rc=$? at $(( $(date +%s) - T0 )) s"
 done
