@@ -350,7 +350,8 @@ def test_resnet50_int8_runs_the_hosts_int8_path(target, workload, why, capsys):
         builtin_name(Namespace(workload="conv2d-int8", layout="nchwc", target=spec))
 
 
-@pytest.mark.parametrize("tuned_for", ["this CPU", "another CPU"])
+# "another CPU" (transferred, re-measured) covers the path "this CPU" takes and more: the latter is -m slow
+@pytest.mark.parametrize("tuned_for", [pytest.param("this CPU", marks=pytest.mark.slow), "another CPU"])
 def test_tune_starts_from_the_saved_database(tuned_for, tuned, tmp_path, monkeypatch):
     """A saved database for this workload and rule set: copied when it was tuned for this CPU;
     from another CPU, its best schedules are measured here first (never trusted blindly) and the

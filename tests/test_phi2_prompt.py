@@ -138,7 +138,8 @@ def test_tuning_starts_from_our_rules(model, tmp_path):
 
 
 @needs_vnni
-@pytest.mark.parametrize("how", ["runner", "cycled"])
+# the runner's measure is the long variant (7 s): -m slow; the cycled one, what generate uses, stays
+@pytest.mark.parametrize("how", [pytest.param("runner", marks=pytest.mark.slow), "cycled"])
 def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path, how):
     """confirm_picks measures a best record that is not the untuned schedule beside it (by the tuning
     runner, or back to back on DRAM-cycled arguments: ``bench.cycled.CycledTimer``, what generate and the

@@ -5,8 +5,6 @@ are the per-layer model's (one PrimFunc per distinct kernel, not one per layer),
 end to end on llvm.  For CUDA (nvcc, no GPU): the full step builds with every kernel scheduled and the VM
 replays all of it but the last kernel as one CUDA graph."""
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -44,7 +42,7 @@ def test_the_step_computes_what_the_layer_by_layer_decoder_computes():
 
 def test_decode_rows_run_on_the_cpu():
     rows = decode_gpu.decode_gpu_rows(("rule",), config="reduced", tokens=3, context=6, target="llvm", rounds=2,
-                                      log=lambda msg: None)
+                                      log=lambda msg: None, bandwidth_mb=16)
     (row,) = rows
     assert row["schedule"] == "rule" and len(row["generated"]) == 3 and len(row["tok_s_rounds"]) == 2
     assert 0 < row["of_bound"] and row["dtype"] == "float32" and row["cuda_graph"] is False
@@ -60,10 +58,13 @@ def test_the_cuda_step_builds_as_one_graph():
     assert sum(r == "dequant_gemv_cuda" for r in built["rule"]["rules"].values()) == 5  # qkv, o, fc1, fc2, lm_head
 
 
-def test_generate_on_a_gpu_target_without_one_says_so_in_one_line():
+def test_generate_on_a_gpu_target_without_one_says_so_in_one_line(capsys):
+    from tvm_ext.cli.main import main
+
     if tvm.cuda(0).exist:
         pytest.skip("a GPU is here")
-    for extra, said in (([], "no CUDA device here"), (["--peers", "llama.cpp"], "on a GPU --peers takes torch")):
-        out = subprocess.run([sys.executable, "-m", "tvm_ext", "generate", "--target", "cuda", "--config", "reduced",
-                              *extra], capture_output=True, text=True, check=False)
-        assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr
+    for extra, said in (([], "no CUDA device here"), (["--peers", "llama.cpp"], "on a GPU --peers takes torch"),
+                        (["--prompt", "8"], "no --prompt or --tune yet")):
+        assert main(["generate", "--target", "cuda", "--config", "reduced", *extra]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1

@@ -35,9 +35,10 @@ def _timed(dec, tokens: int, context: int, seed: int):
 
 
 def decode_gpu_rows(schedules=SCHEDULES, config="full", layers=None, tokens=16, context=512, target="cuda",
-                    seed=0, rounds=3, peer=None, log=print) -> list:
+                    seed=0, rounds=3, peer=None, log=print, bandwidth_mb=512) -> list:
     """One row per schedule (module doc): {schedule, tok_s, tok_s_rounds, of_bound, rules, generated,
-    vs_first?, vs_peer?} with the shared figures (bound_tok_s, bandwidth_gbs, bytes, device)."""
+    vs_first?, vs_peer?} with the shared figures (bound_tok_s, bandwidth_gbs, bytes, device);
+    ``bandwidth_mb``: the size of the copy that measures the bandwidth."""
     import tvm
 
     from tvm_ext.targets import resolve_target
@@ -56,7 +57,7 @@ def decode_gpu_rows(schedules=SCHEDULES, config="full", layers=None, tokens=16, 
         raise ValueError("no CUDA device here (--target llvm runs the same step on this CPU)")
     model = st.build_step(config, layers, capacity=context + tokens, seed=seed,
                           dtype="float16" if gpu else "float32", gpu=gpu)
-    edges = [measure_bandwidth(dev)[0]]
+    edges = [measure_bandwidth(dev, mb=bandwidth_mb)[0]]
     log(f"device copy bandwidth: {edges[0]:.0f} GB/s")
     decs, shared = [], None
     for how in schedules:
@@ -74,7 +75,7 @@ def decode_gpu_rows(schedules=SCHEDULES, config="full", layers=None, tokens=16, 
         if peer is not None:
             peer_s.append(peer())
         log(f"round {rnd + 1}/{rounds} done")
-    edges.append(measure_bandwidth(dev)[0])
+    edges.append(measure_bandwidth(dev, mb=bandwidth_mb)[0])
     gbs = max(edges)
     per_token = model.weight_bytes() + float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
     bound = gbs * 1e9 / per_token
