@@ -42,10 +42,19 @@ def test_the_step_computes_what_the_layer_by_layer_decoder_computes():
 
 def test_decode_rows_run_on_the_cpu():
     rows = decode_gpu.decode_gpu_rows(("rule",), config="reduced", tokens=3, context=6, target="llvm", rounds=2,
-                                      log=lambda msg: None, bandwidth_mb=16)
+                                      log=lambda msg: None, bandwidth_mb=16, peer=lambda: 10.0)
     (row,) = rows
     assert row["schedule"] == "rule" and len(row["generated"]) == 3 and len(row["tok_s_rounds"]) == 2
     assert 0 < row["of_bound"] and row["dtype"] == "float32" and row["cuda_graph"] is False
+    assert row["peer_tok_s_rounds"] == [10.0, 10.0] and row["vs_peer"] > 0
+
+    def broken_peer():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    said = []
+    (row,) = decode_gpu.decode_gpu_rows(("rule",), config="reduced", tokens=2, context=6, target="llvm", rounds=1,
+                                        log=said.append, bandwidth_mb=16, peer=broken_peer)
+    assert "vs_peer" not in row and any("peer left out" in s for s in said)  # our row still counts
     with pytest.raises(ValueError, match="on a GPU the schedules are"):
         decode_gpu.decode_gpu_rows(("int8",), config="reduced", target="llvm")
 

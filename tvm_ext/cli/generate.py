@@ -159,8 +159,14 @@ def run_gpu(args) -> int:
     if peers:
         from tvm_ext.bench.torch_peers import phi2_decode, time_calls
 
-        step, info = phi2_decode(context + args.tokens // 2, device="cuda", config=args.config)
-        peer = lambda: 1.0 / time_calls(step, calls=args.tokens, rounds=1)  # noqa: E731
+        try:  # at the middle of our rows' positions; a peer that fails here leaves our rows to run alone
+            step, info = phi2_decode(context + args.tokens // 2, device="cuda", config=args.config)
+            peer = lambda: 1.0 / time_calls(step, calls=args.tokens, rounds=1)  # noqa: E731
+            quiet(f"peer torch: {info['model']}, CUDA graph: {info['cuda_graph']}")
+        except ValueError:
+            raise  # PyTorch or transformers missing: one clear line
+        except Exception as err:  # noqa: BLE001 -- the peer's own failure on this machine
+            quiet(f"peer torch left out: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
     rows = decode_gpu_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens, context=context,
                            target=args.target, seed=args.seed, rounds=args.rounds, peer=peer, log=quiet)
     if peers:
