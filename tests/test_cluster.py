@@ -111,6 +111,7 @@ tune_on_cluster(tiny_workload(), resolve_target({{"kind": "llvm", "num-cores": 1
 """
 
 
+@pytest.mark.slow  # 16 s; resuming a killed tune is checked by default on one host (test_cli's Ctrl-C test)
 def test_the_driver_killed_and_the_job_resumed(cluster, client, target, tmp_path):
     work_dir = str(tmp_path / "wd")
     script = DRIVER.format(tests=str(Path(__file__).parent), address=cluster.address, tls_dir=cluster.tls_dir,
