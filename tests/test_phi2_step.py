@@ -40,6 +40,20 @@ def test_the_step_computes_what_the_layer_by_layer_decoder_computes():
         one.prefill([1, 2])
 
 
+def test_the_fp16_step_generates_the_float32_steps_tokens():
+    """The GPU's model (q4f16_1: fp16 activations, caches, biases) run on this CPU, kernels as built: the
+    same greedy tokens as the float32 model from the same weights and past, logits within fp16's error."""
+    out = {}
+    for dtype in ("float32", "float16"):
+        model = st.build_step("reduced", capacity=24, dtype=dtype, gpu=False)
+        dec = st.StepDecoder(model, st.compile_step(schedule(model.mod, CPU, "none")[0], CPU))
+        dec.fill_past(8, seed=1)
+        out[dtype] = dec.generate([5], 12, start=8)
+    assert out["float16"][0] == out["float32"][0]
+    first32, first16 = out["float32"][1][0], out["float16"][1][0]
+    assert np.abs(first16 - first32).max() < 0.05 * np.abs(first32).max()
+
+
 def test_decode_rows_run_on_the_cpu():
     rows = decode_gpu.decode_gpu_rows(("rule",), config="reduced", tokens=3, context=6, target="llvm", rounds=2,
                                       log=lambda msg: None, bandwidth_mb=16, peer=lambda: 10.0)
