@@ -4,6 +4,7 @@ On the CPU: the step computes what the per-layer decoder computes (same logits, 
 are the per-layer model's (one PrimFunc per distinct kernel, not one per layer), and decode_gpu's rows run
 end to end on llvm.  For CUDA (nvcc, no GPU): the full step builds with every kernel scheduled and the VM
 replays all of it but the last kernel as one CUDA graph."""
+import json
 import shutil
 
 import numpy as np
@@ -74,8 +75,12 @@ def test_decode_rows_run_on_the_cpu():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
-def test_the_cuda_step_builds_as_one_graph():
-    built = decode_gpu.build_only("cuda-sm80", config="reduced", capacity=16, log=lambda msg: None)
+def test_the_cuda_step_builds_as_one_graph(capsys):
+    from tvm_ext.cli.main import main
+
+    assert main(["generate", "--target", "cuda-sm80", "--build-only", "--config", "reduced", "--tokens", "8",
+                 "--context", "8", "--json", "--quiet"]) == 0
+    built = json.loads(capsys.readouterr().out)
     assert {how: b["cuda_graph_regions"] for how, b in built.items()} == {"dlight": 1, "rule": 1}
     assert built["rule"]["rules"]["attn_value"] == "contraction_cuda"
     assert sum(r == "dequant_gemv_cuda" for r in built["rule"]["rules"].values()) == 5  # qkv, o, fc1, fc2, lm_head
@@ -87,7 +92,8 @@ def test_generate_on_a_gpu_target_without_one_says_so_in_one_line(capsys):
     if tvm.cuda(0).exist:
         pytest.skip("a GPU is here")
     for extra, said in (([], "no CUDA device here"), (["--peers", "llama.cpp"], "on a GPU --peers takes torch"),
-                        (["--prompt", "8"], "no --prompt or --tune yet")):
+                        (["--prompt", "8"], "no --prompt or --tune yet"),
+                        (["--target", "llvm", "--build-only"], "--build-only is for a GPU --target")):
         assert main(["generate", "--target", "cuda", "--config", "reduced", *extra]) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1

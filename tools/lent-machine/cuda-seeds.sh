@@ -28,7 +28,8 @@ W=tvm_ext_work
 if [ $DRY = 1 ]; then
   timeout "$(left)" tvm-ext bench phi2-decode --target cuda-sm90 --build-only --schedules dlight,rule \
     > "$OUT/build-phi2-decode-cuda.txt" && echo "phi2-decode: every dlight and rule kernel built (nvcc)"
-  timeout "$(left)" python3 -c "from tvm_ext.bench.phi2.decode_gpu import build_only; build_only('cuda-sm90')" \
+  timeout "$(left)" tvm-ext generate --target cuda-sm90 --build-only --context 512 --tokens 32 \
+    > "$OUT/build-generate-cuda.txt" && echo "generate --target cuda: the full step built (nvcc)" \
     || echo "generate --target cuda: the one-function step did not build"
   timeout "$(left)" tvm-ext tune resnet50-int8 --target cuda-sm90 --batch 16 --build-only --candidates 1 \
     --json > "$OUT/build-resnet50-int8-cuda-b16.json" && python3 -c "

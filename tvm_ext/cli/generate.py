@@ -68,6 +68,9 @@ def add_parser(sub) -> None:
                         "rule (our CUDA rules for the projections and the attention's value product; default both), "
                         "--peers takes torch (transformers' Phi-2 in fp16 with a static cache under a CUDA graph, "
                         "once per round after our rows)")
+    p.add_argument("--build-only", action="store_true",
+                   help="with a GPU --target: build the step for each --schedule row and compile its kernels with "
+                        "nvcc, no GPU needed; prints which rule scheduled each kernel and the CUDA graph regions")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and the past (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
@@ -90,6 +93,8 @@ def run(args) -> int:
         return run_gpu(args)
     if args.target != "llvm":
         raise ValueError(f"--target {args.target}: the CPU decode runs on this host's CPU (llvm) or a GPU (cuda)")
+    if args.build_only:
+        raise ValueError("--build-only is for a GPU --target (cuda): on this CPU generate just runs")
     if args.prompt:
         return run_prompt(args)
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -148,6 +153,17 @@ def run_gpu(args) -> int:
 
     if args.prompt or args.tune:
         raise ValueError("on a GPU generate decodes only: no --prompt or --tune yet")
+    if args.build_only:
+        from tvm_ext.bench.phi2.decode_gpu import build_only
+
+        schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
+        context = 512 if args.context is None else args.context
+        built = build_only(args.target, config=args.config, capacity=context + args.tokens, schedules=schedules,
+                           log=(lambda msg: None) if args.quiet else log)
+        print(json.dumps(built) if args.json else "\n".join(
+            f"{how}: " + ", ".join(f"{k} {r}" for k, r in sorted(b["rules"].items()))
+            + f"; {b['cuda_graph_regions']} CUDA graph region(s)" for how, b in built.items()))
+        return 0
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if any(p != "torch" for p in peers):
         raise ValueError(f"on a GPU --peers takes torch, not {args.peers!r}")

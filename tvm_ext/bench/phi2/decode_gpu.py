@@ -118,6 +118,9 @@ def build_only(target="cuda-sm90", config="full", capacity=528, schedules=SCHEDU
     from tvm_ext.workloads.phi2 import step as st
 
     target = resolve_target(target)
+    for how in schedules:
+        if how not in SCHEDULES:
+            raise ValueError(f"on a GPU the schedules are {', '.join(SCHEDULES)}, not {how!r}")
     model = st.build_step(config, capacity=capacity)
     out = {}
     for how in schedules:
