@@ -15,10 +15,18 @@ class _Workload:
         self.name, self.options = name, options
 
 
-def test_the_torch_peer_is_resnet50_only():
+def test_the_torch_peer_is_resnet50_only(capsys):
+    from tvm_ext.cli.main import main
+
     with pytest.raises(ValueError, match="not a peer of phi2-decode"):
         peers.torch_network(_Workload("phi2-decode"), target=None)
     assert "torch" in peers.parse_peers("ort,torch")
+    # the bench refuses before it tunes anything: one line, no work dir
+    assert main(["bench", "conv2d-int8", "--peers", "torch", "--image", "8", "--trials", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == ("tvm-ext bench: error: peer 'torch' times torchvision's ResNet-50: "
+                                            "not a peer of conv2d-int8")
+    assert "tuning" not in err and "Traceback" not in err
 
 
 def test_an_unknown_phi2_config_is_refused():

@@ -34,6 +34,8 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     its tuning record (``bench.breakdown``)."""
     from tvm_ext.targets import resolve_target
 
+    if "torch" in peers:  # bad input in one line before minutes of tuning
+        peer_module().check_torch_peer(workload)
     runs, rows, targets, first = {}, [], {}, None
     work_root = tuning.databases_root(from_logs, work_root)
     networks = [(workload, label, label) for label in rulesets]

@@ -94,14 +94,22 @@ def ort_network(workload, threads: int, log=print):
     return (lambda: sess.run(None, feed)), diff, weights
 
 
+def check_torch_peer(workload) -> None:
+    """ValueError (one line) where ``workload`` has no PyTorch peer or PyTorch / torchvision is missing."""
+    from tvm_ext.bench import torch_peers
+
+    if not workload.name.startswith("resnet50") or getattr(workload, "onnx_source", None):
+        raise ValueError(f"peer 'torch' times torchvision's ResNet-50: not a peer of {workload.name}")
+    torch_peers.check_available("torchvision")
+
+
 def torch_network(workload, target, log=print):
     """(callable, info) of PyTorch's ResNet-50 at the workload's batch and image size on ``target``'s device
     (``torch_peers.resnet50``: fp16, channels_last, a CUDA graph on CUDA; random weights, so a speed peer
     whose output is not compared); ValueError for a network other than the built-in ResNet-50s."""
     from tvm_ext.bench import torch_peers
 
-    if not workload.name.startswith("resnet50") or getattr(workload, "onnx_source", None):
-        raise ValueError(f"peer 'torch' times torchvision's ResNet-50: not a peer of {workload.name}")
+    check_torch_peer(workload)
     opts = workload.options
     device = "cuda" if target.kind.name == "cuda" else "cpu"
     fn, info = torch_peers.resnet50(opts.get("batch", 1), opts.get("image", 224), device)

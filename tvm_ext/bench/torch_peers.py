@@ -40,6 +40,16 @@ def _torch():
     return torch
 
 
+def check_available(*packages: str) -> None:
+    """ValueError (one line) where PyTorch or one of ``packages`` (torchvision, transformers) is not importable."""
+    import importlib.util
+
+    _torch()
+    for name in packages:
+        if importlib.util.find_spec(name) is None:
+            raise ValueError(f"the torch peer needs {name} (pip install {name})")
+
+
 def _synced(torch, device, fn):
     if device.type != "cuda":
         return fn
