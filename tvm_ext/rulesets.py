@@ -73,6 +73,16 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
     return add_vnni(rules, [], target)[0] if add_vnni else rules
 
 
+def _before_tiling(rules: list, ours: list) -> list:
+    """A copy of ``rules`` with ``ours`` right before MultiLevelTiling, else at the end: our whole-function
+    rules see each block first and mark what they schedule, so that TVM's tiling skips it."""
+    rules = list(rules)
+    names = [_name(r) for r in rules]
+    idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
+    rules[idx:idx] = ours
+    return rules
+
+
 def with_cpu_rules(rules: list) -> list:
     """A copy of ``rules`` with our CPU rules right before MultiLevelTiling, else at the end (llvm
     rule sets other than ``upstream``): DequantGEMV (float q4 GEMV kernels), Q4Int8GEMM (q4 x int8
@@ -86,11 +96,7 @@ def with_cpu_rules(rules: list) -> list:
     from tvm_ext.rules.q4_int8_gemm import Q4Int8GEMM
     from tvm_ext.rules.row_norm_cpu import RowNormCPU
 
-    rules = list(rules)
-    names = [_name(r) for r in rules]
-    idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
-    rules[idx:idx] = [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()]
-    return rules
+    return _before_tiling(rules, [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()])
 
 
 def with_cuda_rules(rules: list) -> list:
@@ -101,11 +107,7 @@ def with_cuda_rules(rules: list) -> list:
     from tvm_ext.rules.contraction_cuda import ContractionCUDA
     from tvm_ext.rules.dequant_gemv_cuda import DequantGEMVCUDA
 
-    rules = list(rules)
-    names = [_name(r) for r in rules]
-    idx = names.index("MultiLevelTiling") if "MultiLevelTiling" in names else len(rules)
-    rules[idx:idx] = [DequantGEMVCUDA(), ContractionCUDA()]
-    return rules
+    return _before_tiling(rules, [DequantGEMVCUDA(), ContractionCUDA()])
 
 
 def _vnni(target, ruleset: str):

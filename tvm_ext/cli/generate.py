@@ -147,19 +147,19 @@ def run_gpu(args) -> int:
     """``generate --target cuda``: ``bench.phi2.decode_gpu`` (rows dlight and rule, the torch peer)."""
     import json
 
-    from tvm_ext.bench.phi2.decode_gpu import SCHEDULES, decode_gpu_rows
+    from tvm_ext.bench.phi2.decode_gpu import SCHEDULES, build_only, check_schedules, decode_gpu_rows
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.jsonio import write_json
 
     if args.prompt or args.tune:
         raise ValueError("on a GPU generate decodes only: no --prompt or --tune yet")
+    schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
+    check_schedules(schedules)  # before the peer's model is built
+    context = 512 if args.context is None else args.context
+    quiet = (lambda msg: None) if args.quiet else log
     if args.build_only:
-        from tvm_ext.bench.phi2.decode_gpu import build_only
-
-        schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
-        context = 512 if args.context is None else args.context
         built = build_only(args.target, config=args.config, capacity=context + args.tokens, schedules=schedules,
-                           log=(lambda msg: None) if args.quiet else log)
+                           log=quiet)
         print(json.dumps(built) if args.json else "\n".join(
             f"{how}: " + ", ".join(f"{k} {r}" for k, r in sorted(b["rules"].items()))
             + f"; {b['cuda_graph_regions']} CUDA graph region(s)" for how, b in built.items()))
@@ -167,10 +167,7 @@ def run_gpu(args) -> int:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if any(p != "torch" for p in peers):
         raise ValueError(f"on a GPU --peers takes torch, not {args.peers!r}")
-    schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
-    context = 512 if args.context is None else args.context
     check_out_dir(args.out)
-    quiet = (lambda msg: None) if args.quiet else log
     peer, info = None, {}
     if peers:
         from tvm_ext.bench.torch_peers import phi2_decode, time_calls

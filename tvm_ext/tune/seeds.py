@@ -2,7 +2,8 @@
 Phi-2 benches and ``tvm-ext generate`` share.
 
 * ``rule_schedule``: our rules' untuned schedule of a kernel (on CPUs the q4 x int8 GEMM, the
-  dequantize-GEMV, a row normalization, a contraction; on GPUs the dequantize-GEMV), the first that matches;
+  dequantize-GEMV, a row normalization, a contraction, an injective kernel; on GPUs the dequantize-GEMV and
+  attention's value product), the first that matches;
 * ``dlight_schedule``: the first dlight rule that applies (the untouched peer row);
 * ``seed_rules`` / ``seed_database``: either one committed as a tuning record with the seconds the
   tuning runner measured, so the search starts from it and a tuned record ranks above it only
@@ -37,17 +38,15 @@ def rule_schedule(mod, target):
 
     func = mod["main"]
     if is_gpu(target):
-        for name, schedule_of in (("dequant_gemv_cuda", dequant_gemv_cuda.schedule_of),
-                                  ("contraction_cuda", contraction_cuda.schedule_of)):
-            sch = schedule_of(func)
-            if sch is not None:
-                return name, sch
-        return None
-    for name, schedule_of in (("q4_int8_gemm", lambda: q4_int8_gemm.schedule_of(func, target=target)),
-                              ("dequant_gemv", lambda: dequant_gemv.schedule_of(func, target=target)),
-                              ("row_norm_cpu", lambda: row_norm_cpu.schedule_of(func)),
-                              ("contraction_cpu", lambda: contraction_cpu.schedule_of(func)),
-                              ("injective_cpu", lambda: injective_cpu.schedule_of(func))):
+        candidates = (("dequant_gemv_cuda", lambda: dequant_gemv_cuda.schedule_of(func)),
+                      ("contraction_cuda", lambda: contraction_cuda.schedule_of(func)))
+    else:
+        candidates = (("q4_int8_gemm", lambda: q4_int8_gemm.schedule_of(func, target=target)),
+                      ("dequant_gemv", lambda: dequant_gemv.schedule_of(func, target=target)),
+                      ("row_norm_cpu", lambda: row_norm_cpu.schedule_of(func)),
+                      ("contraction_cpu", lambda: contraction_cpu.schedule_of(func)),
+                      ("injective_cpu", lambda: injective_cpu.schedule_of(func)))
+    for name, schedule_of in candidates:
         sch = schedule_of()
         if sch is not None:
             return name, sch

@@ -26,6 +26,13 @@ from tvm_ext.bench.phi2.kernels import measure_bandwidth
 SCHEDULES = ("dlight", "rule")
 
 
+def check_schedules(schedules) -> None:
+    """ValueError (one line) for a schedule the GPU decode has no row for."""
+    for how in schedules:
+        if how not in SCHEDULES:
+            raise ValueError(f"on a GPU the schedules are {', '.join(SCHEDULES)}, not {how!r}")
+
+
 def _timed(dec, tokens: int, context: int, seed: int):
     """(seconds, generated ids, first-step logits) of one greedy decode after a fresh random past."""
     dec.fill_past(context, seed=seed)
@@ -44,9 +51,7 @@ def decode_gpu_rows(schedules=SCHEDULES, config="full", layers=None, tokens=16, 
     from tvm_ext.targets import resolve_target
     from tvm_ext.workloads.phi2 import step as st
 
-    for how in schedules:
-        if how not in SCHEDULES:
-            raise ValueError(f"on a GPU the schedules are {', '.join(SCHEDULES)}, not {how!r}")
+    check_schedules(schedules)
     tokens, context = int(tokens), int(context)
     if tokens < 1 or context < 0:
         raise ValueError(f"need tokens >= 1 and context >= 0, not {tokens} and {context}")
@@ -81,8 +86,9 @@ def decode_gpu_rows(schedules=SCHEDULES, config="full", layers=None, tokens=16, 
         log(f"round {rnd + 1}/{rounds} done")
     edges.append(measure_bandwidth(dev, mb=bandwidth_mb)[0])
     gbs = max(edges)
-    per_token = model.weight_bytes() + float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
-    bound = gbs * 1e9 / per_token
+    weight_bytes = model.weight_bytes()  # regenerates a layer's weights: once
+    kv_bytes = float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
+    bound = gbs * 1e9 / (weight_bytes + kv_bytes)
     rows, first = [], None
     for how, dec in decs:
         tok_s = [tokens / secs for secs, _, _ in runs[how]]
@@ -98,8 +104,7 @@ def decode_gpu_rows(schedules=SCHEDULES, config="full", layers=None, tokens=16, 
             row["vs_peer"] = float(np.median([t / p for t, p in zip(tok_s, peer_s)]))
         rows.append(row)
     common = {"config": config, "layers": model.layers, "tokens": tokens, "context": context, "dtype": model.dtype,
-              "bound_tok_s": bound, "bandwidth_gbs": gbs, "weight_bytes": int(model.weight_bytes()),
-              "kv_bytes": int(per_token - model.weight_bytes()),
+              "bound_tok_s": bound, "bandwidth_gbs": gbs, "weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes),
               "device": str(dev.device_name) if gpu else "cpu",
               "cuda_graph": gpu}
     if peer_s:
@@ -118,9 +123,7 @@ def build_only(target="cuda-sm90", config="full", capacity=528, schedules=SCHEDU
     from tvm_ext.workloads.phi2 import step as st
 
     target = resolve_target(target)
-    for how in schedules:
-        if how not in SCHEDULES:
-            raise ValueError(f"on a GPU the schedules are {', '.join(SCHEDULES)}, not {how!r}")
+    check_schedules(schedules)
     model = st.build_step(config, capacity=capacity)
     out = {}
     for how in schedules:

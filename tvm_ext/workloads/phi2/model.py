@@ -167,6 +167,21 @@ def _weight_vars(cfg, names, repacked=False, dtype=DTYPE):
     return out
 
 
+def cached_attention(bb, cfg, kc, vc, pos, kv_write, cache_t, dtype: str, written: list):
+    """``layers.emit_layer``'s ``attend`` for a layer with a KV cache: rope on q and k, the new keys and values
+    written into the caches ``kc`` / ``vc`` from ``pos`` in place by ``kv_write`` (the written caches appended
+    to ``written``), attention over the whole cache, masked after ``pos``."""
+    from tvm import relax
+
+    def attend(qkv):
+        q, k, v = emit_rope_qkv(bb, cfg, qkv, pos, dtype)
+        for cache, new in ((kc, k), (vc, v)):
+            written.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
+        return attention(bb, q, written[0], written[1], cfg["head_dim"], dtype, mask_past=pos)
+
+    return attend
+
+
 def _build_module(cfg, capacity, compute="float", prompt=0):
     from tvm import relax
 
@@ -190,13 +205,7 @@ def _build_module(cfg, capacity, compute="float", prompt=0):
         with bb.function(name, [x, kc, vc, pos, *_flat(w, LAYER_WEIGHTS)]):
             with bb.dataflow():
                 caches = []
-
-                def attend(qkv):
-                    q, k, v = emit_rope_qkv(bb, cfg, qkv, pos, DTYPE)
-                    for cache, new in ((kc, k), (vc, v)):
-                        caches.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
-                    return attention(bb, q, caches[0], caches[1], hd, DTYPE, mask_past=pos)
-
+                attend = cached_attention(bb, cfg, kc, vc, pos, kv_write, cache_t, DTYPE, caches)
                 h = emit_layer(bb, cfg, w, x, DTYPE, attend, compute)
                 out = bb.emit_output(relax.Tuple([h, *caches]))
             bb.emit_func_output(out)

@@ -10,7 +10,8 @@ kernel of the step but the last (it writes the returned logits) as one CUDA grap
 and replays it after.
 
 ``build_step(config, layers, capacity, seed, dtype)``: a ``model.Phi2Model`` whose module holds
-``decode(token, pos, table.., caches.., layer weights.., head weights..) -> logits (1, 1, vocab)``
+``decode(token, pos, caches.., layer weights.., head weights..) -> logits (1, 1, vocab)`` (the embedding
+reads the head's lm_head words and scales)
 (the kernels are the ones ``model.build_model`` makes: the BlockBuilder and FuseOps keep one
 PrimFunc per distinct kernel); ``StepDecoder``: ``model.Decoder``'s weights, caches and ``generate``
 with ``step`` as one call.  ``dtype``: float16 on GPUs (q4f16_1), float32 on CPUs.
@@ -20,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels import lower
-from .layers import CONFIGS, attention, emit_head, emit_layer, emit_rope_qkv
+from .layers import CONFIGS, emit_head, emit_layer
 from .model import (DEFAULT_LAYERS, LAYER_WEIGHTS, Decoder, Phi2Model, _flat, _kv_write, _te_embed, _weight_vars,
-                    check_config)
+                    cached_attention, check_config)
 
 STEP = "decode"
 HEAD_WEIGHTS = ("lnf_g", "lnf_b", "lm_head")
@@ -62,14 +63,7 @@ def _build_step(cfg, layers: int, capacity: int, dtype: str, gpu: bool):
         with bb.dataflow():
             x = bb.emit_te(_te_embed, token, *table, dtype, primfunc_name_hint="embed_lookup")
             for (kc, vc), w in zip(caches, weights):
-                written = []
-
-                def attend(qkv, kc=kc, vc=vc, written=written):
-                    q, k, v = emit_rope_qkv(bb, cfg, qkv, pos, dtype)
-                    for cache, new in ((kc, k), (vc, v)):
-                        written.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
-                    return attention(bb, q, written[0], written[1], hd, dtype, mask_past=pos)
-
+                attend = cached_attention(bb, cfg, kc, vc, pos, kv_write, cache_t, dtype, [])
                 x = emit_layer(bb, cfg, w, x, dtype, attend)
             out = bb.emit_output(emit_head(bb, cfg, head_w, x, 1, dtype))
         bb.emit_func_output(out)
