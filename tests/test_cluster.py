@@ -67,14 +67,14 @@ def test_a_node_killed_mid_run_and_the_job_completes(cluster, client, target, tm
     lines, killed = [], threading.Event()
     node1 = next(a for a, info in client.scheduler_info()["workers"].items() if info["name"] == "node1")
 
-    def kill_node1_once_busy():  # a second into a task (~4 s long): the driver has seen it there
-        deadline, busy_since = time.time() + 60, None
+    def kill_node1_once_busy():  # a second into one task (~4 s long): the driver has seen it there
+        deadline, seen = time.time() + 60, {}
         while time.time() < deadline and not killed.is_set():
-            if any(str(k).startswith("tvm_ext-") for k in client.processing().get(node1, ())):
-                busy_since = busy_since or time.time()
-                if time.time() - busy_since > 1.0:
-                    cluster.kill_worker(0)
-                    killed.set()
+            ours = [k for k in client.processing().get(node1, ()) if str(k).startswith("tvm_ext-")]
+            seen = {k: seen.get(k, time.time()) for k in ours}  # the same task, not one that just began
+            if any(time.time() - since > 1.0 for since in seen.values()):
+                cluster.kill_worker(0)
+                killed.set()
             time.sleep(0.02)
 
     watcher = threading.Thread(target=kill_node1_once_busy, daemon=True)
@@ -94,6 +94,39 @@ def test_a_node_killed_mid_run_and_the_job_completes(cluster, client, target, tm
     assert main(["report", str(tmp_path / "wd")]) == 0  # which node tuned each task, and how long
     table = capsys.readouterr().out.splitlines()
     assert table[1].split()[-1] == "node" and all(row.split()[-1] in ("node1", "node2") for row in table[3:6])
+
+
+class _Future:
+    def __init__(self, key):
+        self.key = key
+
+
+class _Snapshots:
+    """A client whose scheduler answers one snapshot of the nodes a call."""
+    def __init__(self, *snapshots):
+        self.snapshots = list(snapshots)
+
+    def processing(self):
+        return self.snapshots.pop(0)
+
+    def scheduler_info(self):
+        return {"workers": {"tcp://a": {"name": "node1"}, "tcp://b": {"name": "node2"}}}
+
+
+def test_the_tasks_of_a_node_that_died_are_named_from_one_snapshot():
+    from tvm_ext.cluster.tune import _watch_nodes
+    pending = {_Future("k-mm"): "mm", _Future("k-rowsum"): "rowsum"}
+    # the scheduler dropped node1 and moved its task to node2 in one step: the driver sees both at once
+    client = _Snapshots({"tcp://a": ["k-mm"], "tcp://b": ["k-rowsum"]}, {"tcp://b": ["k-rowsum", "k-mm"]})
+    lines = []
+    where, nodes = _watch_nodes(client, pending, {}, {"tcp://a": "node1", "tcp://b": "node2"}, lines.append)
+    assert (where, lines) == ({"mm": "tcp://a", "rowsum": "tcp://b"}, [])
+    where, nodes = _watch_nodes(client, pending, where, nodes, lines.append)
+    assert lines == ["node node1 left the cluster; its tasks run again on another node: mm"]
+    assert (where, nodes) == ({"mm": "tcp://b", "rowsum": "tcp://b"}, {"tcp://b": "node2"})
+    client.snapshots.append({"tcp://b": [], "tcp://a": []})  # node1 back: named by the scheduler
+    _watch_nodes(client, {}, where, nodes, lines.append)
+    assert lines[-1] == "node node1 joined the cluster"
 
 
 DRIVER = """

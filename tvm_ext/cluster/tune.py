@@ -179,8 +179,16 @@ def _workers(client) -> dict:
 
 def _watch_nodes(client, pending: dict, where: dict, before: dict, log) -> tuple[dict, dict]:
     """Say which nodes joined or left since the last look; for a node that left, which of our
-    tasks it was running (Dask runs them again elsewhere). Returns (task -> node now, nodes now)."""
-    now = _workers(client)
+    tasks it was running (Dask runs them again elsewhere). Returns (task -> node now, nodes now).
+    The nodes and what each runs come from one call (``processing``): the scheduler drops a dead
+    node and moves its tasks in one step, so two calls could see the tasks moved and the node
+    still there, and a later look would no longer know what the node ran."""
+    processing = client.processing()
+    if processing.keys() - before.keys():  # a node joined: its name (the scheduler knows it by then)
+        names = _workers(client)
+        now = {addr: before.get(addr) or names.get(addr, addr) for addr in processing}
+    else:
+        now = {addr: before[addr] for addr in processing}
     ours = set(pending.values())
     for addr in before.keys() - now.keys():
         lost = sorted(name for name, node in where.items() if node == addr and name in ours)
@@ -191,11 +199,7 @@ def _watch_nodes(client, pending: dict, where: dict, before: dict, log) -> tuple
     if before and not now:
         log("no node left in the cluster: waiting for one to join (Ctrl-C stops; the same command resumes)")
     keys = {f.key: name for f, name in pending.items()}
-    running = {}
-    for addr, processing in client.processing().items():
-        for key in processing:
-            if key in keys:
-                running[keys[key]] = addr
+    running = {keys[key]: addr for addr, running_keys in processing.items() for key in running_keys if key in keys}
     return running, now
 
 
