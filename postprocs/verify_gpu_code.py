@@ -8,8 +8,9 @@ thread-extent annotations of MetaSchedule, and the byte width of every vector it
 finds in loads, stores *and Cast nodes*.  Last, the candidate must pass the lowering
 ``tvm.compile`` itself runs, which has passes the short pipeline lacks, and the code
 it hands to the CUDA codegen must have no broadcast wider than 16 bytes (the index
-vectors of gathers) and none of narrow integers with more than 4 lanes: TVM 0.27's
-CUDA codegen emits both in a form nvcc rejects (``check_build_pipeline``).  A
+vectors of gathers), none of narrow integers with more than 4 lanes, and no gather of
+narrow integers wider than 32 bits: TVM 0.27's CUDA codegen emits all three in a form nvcc
+rejects (``check_build_pipeline``, ``check_lane_packing``).  A
 requantize loop vectorized by 4 casts to ``int64x4`` (32 bytes) after lowering; a
 check that looks only at loads and stores accepts it and the candidate then fails in
 codegen.
@@ -79,6 +80,12 @@ VECTOR_BROADCAST = "vector_width:broadcast"
 # this as make_uint2/4(...) with one argument per lane: "too many arguments" in nvcc.
 # (int8x4 packs into one int and compiles; int8x8, int8x16, int16x8 do not.)
 MAX_NARROW_INT_BROADCAST_LANES = 4
+# A gather (a vector load whose index is not a contiguous ramp) of 8- or 16-bit integers wider
+# than 32 bits: the codegen packs its lanes into one 64-bit integer expression and assigns it to
+# an int2 ("no operator = matches these operands" in nvcc; int8x8 weight gathers of int8 tensor-core
+# convs in resnet50-int8-s8).  Up to 32 bits it packs into an int and compiles.
+VECTOR_GATHER = "vector_width:gather"
+MAX_NARROW_INT_GATHER_BITS = 32
 THREAD_ANNOTATION = "thread_extent_annotation"
 LOWERING = "lowering_failed"
 BUILD_PIPELINE = "build_pipeline_failed"
@@ -89,7 +96,7 @@ BUILTIN_REJECTED = "builtin_rejected"
 def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Target, *, fast: bool = False,
                          limits: dict | None = None):
     """(reason, message) if ``build_lowering`` raises or leaves a broadcast the CUDA
-    codegen cannot write (``check_broadcasts``), else None.  ``fast``: its fast form.
+    codegen cannot write (``check_lane_packing``), else None.  ``fast``: its fast form.
     ``limits``: also run the checks of the short pipeline on the same code (ours,
     ``check_lowered``, then TVM's GPUCodeVerifier with the built-in's constraints), so
     that one lowering serves every check.
@@ -108,7 +115,7 @@ def check_build_pipeline(func: tirx.PrimFunc, name: str, target: tvm.target.Targ
     for device_mod in device_mods:
         for _gv, device_func in device_mod.functions.items():
             verdict = ((check_lowered(device_func, limits) or check_gpu_code(device_func, limits))
-                       if limits is not None else None) or check_broadcasts(device_func.body)
+                       if limits is not None else None) or check_lane_packing(device_func.body)
             if verdict is not None:
                 return verdict
     return None
@@ -247,8 +254,12 @@ def check_lowered(func: tirx.PrimFunc, limits: dict) -> tuple[str, str] | None:
     return None
 
 
-def check_broadcasts(stmt) -> tuple[str, str] | None:
-    """Broadcasts TVM 0.27's CUDA codegen writes in a form nvcc rejects, in code as
+def _contiguous(index) -> bool:
+    return isinstance(index, tirx.Ramp) and isinstance(index.stride, tirx.IntImm) and int(index.stride.value) == 1
+
+
+def check_lane_packing(stmt) -> tuple[str, str] | None:
+    """Broadcasts and narrow-integer gathers TVM 0.27's CUDA codegen writes in a form nvcc rejects, in code as
     codegen receives it (after tvm.compile's lowering: its simplifications turn many
     vector indices of the shorter pipeline, e.g. ``Ramp(8 t, 1, 8) // 128`` with its
     broadcast, into plain ramps; checked earlier, they rejected candidates that compile)."""
@@ -264,6 +275,12 @@ def check_broadcasts(stmt) -> tuple[str, str] | None:
         if dt.type_code in (0, 1) and dt.bits <= 16 and dt.lanes > MAX_NARROW_INT_BROADCAST_LANES:
             return VECTOR_BROADCAST, (f"broadcast {broadcast.ty}: TVM's CUDA codegen writes it as "
                                       f"make_uintN with one argument per lane, which nvcc rejects")
+    for load in collect(stmt, TensorLoad):
+        dt = tvm.DataType(str(load.ty))
+        narrow_and_wide = dt.type_code in (0, 1) and dt.bits <= 16 and dt.bits * dt.lanes > MAX_NARROW_INT_GATHER_BITS
+        if narrow_and_wide and load.indices and not _contiguous(load.indices[-1]):
+            return VECTOR_GATHER, (f"gather of {load.ty} from {load.source.name}: TVM's CUDA codegen packs its "
+                                   f"lanes into a 64-bit integer assigned to an int2, which nvcc rejects")
     return None
 
 
@@ -304,14 +321,14 @@ def check_short(func: tirx.PrimFunc, name: str, target: tvm.target.Target, limit
     """The short lowering (``lower_for_gpu``, the built-in's pipeline) and ``check_lowered``
     on it; ``gpu_code``: then TVM's GPUCodeVerifier too, with the built-in's constraints
     (what the built-in decides after its thread-extent check, which ours covers);
-    ``broadcasts``: then ``check_broadcasts`` on the short code (a verdict to confirm with
+    ``broadcasts``: then ``check_lane_packing`` on the short code (a verdict to confirm with
     ``tvm.compile``'s lowering, which can simplify such a broadcast away)."""
     try:
         lowered = lower_for_gpu(func, name, target)
     except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
         return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
     return (check_lowered(lowered, limits) or (check_gpu_code(lowered, limits) if gpu_code else None)
-            or (check_broadcasts(lowered.body) if broadcasts else None))
+            or (check_lane_packing(lowered.body) if broadcasts else None))
 
 
 def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build: bool = True,
@@ -353,7 +370,7 @@ def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vt
         else:
             verdict = check_short(func, name, target, limits, gpu_code=True,
                                   broadcasts=wide_vectors(func) is not None)
-            if verdict is not None and verdict[0] == VECTOR_BROADCAST:
+            if verdict is not None and verdict[0] in (VECTOR_BROADCAST, VECTOR_GATHER):
                 verdict = _check_built(func, name, target, limits, fast=True)
         if verdict is not None:
             return verdict

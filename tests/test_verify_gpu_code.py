@@ -469,3 +469,21 @@ def test_wide_vectors_without_a_broadcast_in_the_short_code_skip_the_build_lower
     assert wide_vectors(copy8) == "8 lanes"
     _no_build_lowering(monkeypatch)
     assert verdict(copy8) is None
+
+
+@T.prim_func(s_tir=True)
+def gathers(a: T.Buffer((1024,), "int8"), b: T.Buffer((32,), "int8")):
+    b[T.Ramp(0, 1, 4)] = a[T.Ramp(0, 128, 4)]  # 32 bits: packs into an int, compiles
+    b[T.Ramp(8, 1, 8)] = a[T.Ramp(8, 1, 8)]  # contiguous: one 8-byte load
+    b[T.Ramp(16, 1, 8)] = a[T.Ramp(16, 128, 8)]  # 64 bits gathered: nvcc rejects the codegen's form
+
+
+def test_a_narrow_gather_wider_than_32_bits_is_rejected_and_the_others_pass():
+    """int8x8 weight gathers of int8 tensor-core convs: TVM's codegen assigns their 64-bit packed
+    lanes to an int2 (nvcc: no operator "="); 40 of 40 so rejected in verify-gpu failed nvcc."""
+    import tvm_ext.postprocs.verify_gpu_code as vgc
+
+    verdict = vgc.check_lane_packing(gathers.body)
+    assert verdict is not None and verdict[0] == vgc.VECTOR_GATHER and "int8x8" in verdict[1]
+    ok = gathers.body.seq[:2] if hasattr(gathers.body, "seq") else None
+    assert ok is not None and all(vgc.check_lane_packing(stmt) is None for stmt in ok)
