@@ -333,7 +333,8 @@ def test_bench_states_the_budget_a_database_was_tuned_to():
     ({"kind": "llvm", "mcpu": "sapphirerapids"}, "resnet50-int8-amx", "AMX int8 tiles"),
     ({"kind": "llvm", "mcpu": "cascadelake"}, "resnet50-int8-nchwc", "VNNI (vpdpbusd) and no AMX"),
     ({"kind": "llvm", "mcpu": "haswell"}, "resnet50-int8", "AVX2 without VNNI: 8-bit weights could saturate"),
-    ("cuda-sm80", "resnet50-int8", "CPU layouts, not for cuda"),
+    ("cuda-sm80", "resnet50-int8-s8", "int8 tensor cores, which multiply s8 x s8"),
+    ({"kind": "cuda", "arch": "sm_70"}, "resnet50-int8", "no int8 tensor cores before sm_72"),
 ])
 def test_resnet50_int8_runs_the_hosts_int8_path(target, workload, why, capsys):
     """The main job's workload: --layout auto (the default) picks the int8 path the target runs
@@ -344,7 +345,7 @@ def test_resnet50_int8_runs_the_hosts_int8_path(target, workload, why, capsys):
 
     spec = target if isinstance(target, str) else json.dumps(target)
     assert builtin_name(Namespace(workload="resnet50-int8", layout="auto", target=spec)) == workload
-    assert f"int8 path: {workload} (" in capsys.readouterr().err and why
+    assert f"int8 path: {workload} (" in (err := capsys.readouterr().err) and why in err
     assert builtin_name(Namespace(workload="resnet50-int8", layout="nhwc", target=spec)) == "resnet50-int8"
     with pytest.raises(ValueError, match="--layout is for MODEL.onnx and resnet50-int8, not conv2d-int8"):
         builtin_name(Namespace(workload="conv2d-int8", layout="nchwc", target=spec))

@@ -59,10 +59,11 @@ def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="MODEL.onnx only: static shape of a dynamic input (see tvm-ext import)")
-    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx"),
+    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx", "s8"),
                    help="MODEL.onnx and resnet50-int8: activation layout of the integer network; auto "
                         "(default) is the host's best int8 path on llvm: amx with AMX, nchwc (packed, "
-                        "vpdpbusd) with VNNI, else nhwc; resnet50-int8 --layout nhwc is the seed's NHWC "
+                        "vpdpbusd) with VNNI, else nhwc; on cuda s8 (the convs on signed activations: int8 "
+                        "tensor cores) from sm_72; resnet50-int8 --layout nhwc is the seed's NHWC "
                         "network; each layout has its own databases")
 
 

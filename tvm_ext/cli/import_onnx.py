@@ -19,10 +19,11 @@ def add_parser(sub) -> None:
     p.add_argument("model", metavar="MODEL.onnx", help="the quantized ONNX model")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="static shape of an input (needed where the model's is dynamic)")
-    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx"),
+    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx", "s8"),
                    help="activation layout of the integer module: nhwc; nchwc, the packed "
                         "NCHW[x]c layout the VNNI / AVX2 int8 rules tensorize (plain or depthwise convs, no "
-                        "concat); amx, the same with 64-channel blocks that the AMX rule tiles; default "
+                        "concat); amx, the same with 64-channel blocks that the AMX rule tiles; s8, NHWC with the "
+                        "convs on signed activations (CUDA int8 tensor cores); default "
                         "auto: amx on --target with AMX int8, nchwc where it "
                         "tensorizes on --target (VNNI; AVX2 with 7-bit weights), else nhwc")
     p.add_argument("--target", default="llvm", help="target of the check build (default llvm: this CPU)")

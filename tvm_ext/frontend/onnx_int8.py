@@ -37,7 +37,7 @@ from . import onnx_nodes
 from .qvalues import Steps, View
 
 OPSETS = (13, 21)  # default-domain opsets handled (per-axis DequantizeLinear needs 13)
-LAYOUTS = ("auto", "nhwc", "nchwc", "amx")
+LAYOUTS = ("auto", "nhwc", "nchwc", "amx", "s8")
 
 
 @dataclass
@@ -59,12 +59,12 @@ class Imported:
 
 
 def workload_name(path: str, digest: str | None = None, layout: str = "nhwc") -> str:
-    """``onnx-<file stem>-<first 12 hex digits of the file's sha256>``, ``-nchwc`` or ``-amx``
-    appended for the packed layouts (their own tasks, so their own databases)."""
+    """``onnx-<file stem>-<first 12 hex digits of the file's sha256>``, ``-nchwc``, ``-amx`` or ``-s8``
+    appended for the other layouts (their own tasks, so their own databases)."""
     if digest is None:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-    suffix = f"-{layout}" if layout in ("nchwc", "amx") else ""
+    suffix = f"-{layout}" if layout in ("nchwc", "amx", "s8") else ""
     return f"onnx-{os.path.splitext(os.path.basename(path))[0]}-{digest[:12]}{suffix}"
 
 
@@ -165,12 +165,14 @@ def emit(graph: QuantGraph, layout: str, target=None):
     tensorization rule matches (ValueError, one line, for a graph it cannot lay out: grouped
     convs that are not depthwise, concat or rescale steps, an output that is not flat); ``amx``
     the same with 64-channel blocks where the channels allow (``qnn_amx.AMXEmitter``), which
-    the AMX rule tiles. ``auto`` follows ``tvm_ext.int8_path.best_layout`` for ``target``
+    the AMX rule tiles; ``s8`` NHWC with the convs on signed activations (``qnn_signed``), which int8
+    tensor cores take. ``auto`` follows ``tvm_ext.int8_path.best_layout`` for ``target``
     (default: this host), the policy the built-in ResNet-50 follows too, and falls back to the
     next layout where the graph cannot be laid out so."""
     from tvm_ext.int8_path import best_layout  # pylint: disable=import-outside-toplevel
     from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
     from tvm_ext.workloads.qnn_amx import AMXEmitter  # pylint: disable=import-outside-toplevel
+    from tvm_ext.workloads.qnn_signed import SignedEmitter  # pylint: disable=import-outside-toplevel
 
     check_layout(layout)
     target = target if target is not None else host_target()
@@ -186,6 +188,8 @@ def emit(graph: QuantGraph, layout: str, target=None):
             layout = "nchwc"
     if layout == "nhwc":
         return graph.to_relax(), "nhwc"
+    if layout == "s8":
+        return graph.to_relax(emitter=SignedEmitter()), "s8"
     packed = PackedEmitter()
     try:
         mod = graph.to_relax(emitter=packed)

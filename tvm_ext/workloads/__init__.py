@@ -15,6 +15,7 @@ _REGISTRY = {
     "resnet50-int8": "resnet50_int8:build",
     "resnet50-int8-nchwc": "resnet50_int8:build_nchwc",
     "resnet50-int8-amx": "qnn_amx:build_resnet50",
+    "resnet50-int8-s8": "resnet50_int8:build_s8",
     "phi2-decode": "phi2.kernels:build_decode",
     "phi2-prefill": "phi2.kernels:build_prefill",
 }

@@ -8,7 +8,8 @@ on the batch size. ReLU is the clip at 0 after a low output zero point.
 
 ``build`` emits it in NHWC (workload ``resnet50-int8``); ``build_nchwc`` emits the same
 graph in the packed NCHW[x]c / OIHW[x]i16o4i layouts that the x86 VNNI rule tensorizes
-(workload ``resnet50-int8-nchwc``, same reference).
+(workload ``resnet50-int8-nchwc``, same reference); ``build_s8`` in NHWC with the convs on
+signed activations for int8 tensor cores (``resnet50-int8-s8``, same reference).
 """
 from __future__ import annotations
 
@@ -75,6 +76,16 @@ def build_nchwc(batch: int = 1, image: int = 224, seed: int = 0) -> Workload:
     g = qnn_float.FloatQuantGraph.of(g)
     options = {"batch": batch, "image": image, "seed": seed}
     return Workload("resnet50-int8-nchwc", qnn_packed.to_relax(g), inputs, g, exact=True, options=options)
+
+
+def build_s8(batch: int = 1, image: int = 224, seed: int = 0) -> Workload:
+    """The same network in NHWC with its convs on signed activations (``qnn_signed``), the s8 x s8
+    form of NVIDIA's int8 tensor cores; every output equals ``resnet50-int8``'s (same reference)."""
+    from .qnn_signed import SignedEmitter
+
+    g, inputs = network(batch, image, seed)
+    options = {"batch": batch, "image": image, "seed": seed}
+    return Workload("resnet50-int8-s8", g.to_relax(emitter=SignedEmitter()), inputs, g, exact=True, options=options)
 
 
 def clip_fractions(batch: int = 1, image: int = 224, seed: int = 0) -> dict[str, float]:
