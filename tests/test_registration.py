@@ -19,6 +19,7 @@ RULES = ("compute_inline", "reverse_compute_inline")
 TVM_NAMES = [f"s_tir.meta_schedule.{key}.{rule}" for key in KEYS for rule in RULES]
 OWN_NAMES = ["tvm_ext.schedule_rule.InlineConstantScalars", "tvm_ext.schedule_rule.ApplyBlockAttrRule",
              "tvm_ext.schedule_rule.DequantGEMVCUDA", "tvm_ext.schedule_rule.InjectiveCPU",
+             "tvm_ext.schedule_rule.Int8TensorCoreCUDA",
              "tvm_ext.postproc.VerifyGPUCode", "tvm_ext.postproc.ThreadExtentPrecheck"]
 CPU_INLINE = "s_tir.meta_schedule.cpu.compute_inline"
 
@@ -141,8 +142,10 @@ def test_space_for_llvm_and_cuda():
         posts = [type(p).__name__ for p in tvm_ext.default_postprocs(target)]
         upstream = [type(p).__name__ for p in ms.Postproc.create(target.kind.name)]
         if target.kind.name == "cuda":
-            # the same pieces in the same order, VerifyGPUCode's first check also in front
-            assert posts == ["ThreadExtentPrecheck"] + upstream
+            # the same pieces in the same order, VerifyGPUCode's first check also in front, and the
+            # int8 tensor-core rule's tensorization before the verdict (sm_80: int8 tensor cores)
+            verify = upstream.index("VerifyGPUCode")
+            assert posts == ["ThreadExtentPrecheck"] + upstream[:verify] + ["RewriteTensorize"] + upstream[verify:]
         else:
             assert posts == upstream  # same pieces, same order
         if target.kind.name == "cuda":

@@ -6,7 +6,8 @@
   ``tvm_ext.schedule_rule.DequantGEMV``, ``tvm_ext.schedule_rule.DequantGEMVCUDA``,
   ``tvm_ext.schedule_rule.Q4Int8GEMM``, ``tvm_ext.schedule_rule.RowNormCPU``, ``tvm_ext.schedule_rule.ContractionCPU``,
   ``tvm_ext.schedule_rule.ContractionCUDA``,
-  ``tvm_ext.schedule_rule.InjectiveCPU``, ``tvm_ext.postproc.VerifyGPUCode`` and
+  ``tvm_ext.schedule_rule.InjectiveCPU``, ``tvm_ext.schedule_rule.Int8TensorCoreCUDA``,
+  ``tvm_ext.postproc.VerifyGPUCode`` and
   ``tvm_ext.postproc.ThreadExtentPrecheck`` construct our objects
   (``tvm.get_global_func("tvm_ext.schedule_rule.InlineConstantScalars")()``), usable in
   PostOrderApply from any language that can call a PackedFunc;
@@ -53,7 +54,8 @@ def register_all(override: bool | None = None) -> list[str]:
         override = os.environ.get(NO_OVERRIDE_ENV, "") in ("", "0")
     names = []
     for cls in (rules.InlineConstantScalars, rules.ApplyBlockAttrRule, rules.DequantGEMV, rules.DequantGEMVCUDA,
-                rules.Q4Int8GEMM, rules.RowNormCPU, rules.ContractionCPU, rules.ContractionCUDA, rules.InjectiveCPU):
+                rules.Q4Int8GEMM, rules.RowNormCPU, rules.ContractionCPU, rules.ContractionCUDA, rules.InjectiveCPU,
+                rules.Int8TensorCoreCUDA):
         names.append(_register(RULE_PREFIX + cls.__name__, cls))
     for cls in (postprocs.VerifyGPUCode, postprocs.ThreadExtentPrecheck):
         names.append(_register(POSTPROC_PREFIX + cls.__name__, cls))

@@ -10,7 +10,9 @@
                      and on x86 with AMX int8 our AMX rule + AMXTileConfig in front of those;
                      on llvm our CPU rules before MultiLevelTiling: DequantGEMV (float q4 GEMV kernels),
                      Q4Int8GEMM (q4 x int8 GEMMs and GEMVs), RowNormCPU (LayerNorm), ContractionCPU
-                     (decode/prefill attention).
+                     (decode/prefill attention); on cuda DequantGEMVCUDA and ContractionCUDA
+                     before MultiLevelTiling, and where the GPU has int8 tensor cores
+                     Int8TensorCoreCUDA (+ RewriteTensorize before VerifyGPUCode).
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
 """
@@ -68,7 +70,7 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
     if kind == "llvm":
         rules = with_cpu_rules(rules)
     else:
-        rules = with_cuda_rules(rules)
+        rules = with_cuda_rules(rules, target)
     add_vnni = _vnni(target, ruleset)
     return add_vnni(rules, [], target)[0] if add_vnni else rules
 
@@ -99,15 +101,20 @@ def with_cpu_rules(rules: list) -> list:
     return _before_tiling(rules, [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()])
 
 
-def with_cuda_rules(rules: list) -> list:
+def with_cuda_rules(rules: list, target=None) -> list:
     """A copy of ``rules`` with our CUDA rules right before MultiLevelTiling (cuda rule sets other than
-    ``upstream``): DequantGEMVCUDA (q4 decode GEMV kernels) and ContractionCUDA (decode attention's value
-    product).  Each matches by structure and passes every other block."""
+    ``upstream``): DequantGEMVCUDA (q4 decode GEMV kernels), ContractionCUDA (decode attention's value
+    product) and, where ``target`` has int8 tensor cores, Int8TensorCoreCUDA (s8 x s8 convs and GEMMs
+    on wmma).  Each matches by structure and passes every other block."""
     # pylint: disable=import-outside-toplevel
+    from tvm_ext.rules import int8_tensor_core_cuda as int8_tc
     from tvm_ext.rules.contraction_cuda import ContractionCUDA
     from tvm_ext.rules.dequant_gemv_cuda import DequantGEMVCUDA
 
-    return _before_tiling(rules, [DequantGEMVCUDA(), ContractionCUDA()])
+    ours = [DequantGEMVCUDA(), ContractionCUDA()]
+    if target is not None and int8_tc.supported(target):
+        ours.append(int8_tc.Int8TensorCoreCUDA())
+    return _before_tiling(rules, ours)
 
 
 def _vnni(target, ruleset: str):
@@ -127,11 +134,19 @@ def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> lis
         return upstream
     verify = VerifyGPUCode()
     posts = [verify if _name(p) == "VerifyGPUCode" else p for p in upstream]
+    if _tensor_cores(target):  # tensorized before it is verified: the verdict is on what is compiled
+        posts.insert(posts.index(verify), RewriteTensorize())
     if any(p is verify for p in posts):
         # its first check, before the postprocs that most candidates would pay for nothing
         posts.insert(0, ThreadExtentPrecheck(verify.log))
     add_vnni = _vnni(target, ruleset)
     return add_vnni([], posts, target)[1] if add_vnni else posts
+
+
+def _tensor_cores(target) -> bool:
+    from tvm_ext.rules.int8_tensor_core_cuda import supported  # pylint: disable=import-outside-toplevel
+
+    return supported(target)
 
 
 def space(target: tvm.target.Target, ruleset: str = "plugin",

@@ -40,7 +40,7 @@ from tvm_ext.jsonio import write_json
 from tvm_ext.check.nvcc import DEFAULT_BATCH  # stdlib only: the CLI stays light
 from tvm_ext.check.verify_gpu_doc import CELLS, reason_notes, resumed, total_of
 
-WORKLOADS = ("conv2d-int8", "resnet50-int8", "phi2-decode", "phi2-prefill")
+WORKLOADS = ("conv2d-int8", "resnet50-int8", "resnet50-int8-s8", "phi2-decode", "phi2-prefill")
 ARCHS = ("sm_75", "sm_80", "sm_90")
 
 MAX_EXAMPLES = 5
@@ -63,7 +63,7 @@ def _workload(name: str, target, **options):
     if name.startswith("phi2"):
         opts.setdefault("compute_dtype", "float16")  # what runs on CUDA
         opts.pop("image", None)
-    elif name == "resnet50-int8" or name == "conv2d-int8":
+    elif name.startswith("resnet50-int8") or name == "conv2d-int8":
         opts.pop("config", None)
     return workloads.get(name, **opts)
 
