@@ -5,7 +5,8 @@
 #   minus ~60 s, the same number as LIMIT:             LIMIT=600 bash tools/lent-machine/cuda-seeds.sh run
 # run: (1) Phi-2 q4 decode, fused vs unfused under dlight and under our untuned rules (the q4 projections
 # by rules/dequant_gemv_cuda.py, checked against NumPy there), per kernel and whole layer against the
-# bandwidth bound (bench phi2-decode); (2) int8 ResNet-50 at batch 16, the seed's table: each rule
+# bandwidth bound (bench phi2-decode); (2) int8 ResNet-50 at batch 16 (resnet50-int8-s8 on CUDA: the
+# convs on signed activations, which the plugin rule set puts on int8 tensor cores), the seed's table: each rule
 # set (plugin, no-inline-const, upstream) tuned for the same TUNE_S seconds and TRIALS per task
 # (Ctrl-C semantics: the database stays valid), then all three timed in the same rounds, each
 # checked bit-exactly against NumPy, beside PyTorch's fp16 ResNet-50 under a CUDA graph (--peers torch).

@@ -120,7 +120,7 @@ def builtin_name(args) -> str:
     layout, why = best_layout(resolve_target(args.target), weights_fit_int16=False)  # full 8-bit weights
     if (args.target, layout) not in _SAID:
         _SAID.add((args.target, layout))
-        log(f"int8 path: {RESNET50[layout]} ({why}; --layout nhwc|nchwc|amx picks another)")
+        log(f"int8 path: {RESNET50[layout]} ({why}; --layout nhwc|nchwc|amx|s8 picks another)")
     return RESNET50[layout]
 
 
