@@ -11,8 +11,9 @@ int8 ``wmma`` intrinsic groups (B as stored, or transposed), configured so that 
 ``shared.dyn``.  With one scope for both (TVM's ``cuda-tensorcore`` preset: ``shared.dyn``; or
 ``shared``) the int8 and int32 tiles end up in one merged allocation and the candidates fail in
 code generation (``tvm_access_ptr element type must match the source buffer``: 11 of 12 and 21 of
-24 sampled on a ResNet-50 conv, the others for other reasons); in two scopes they stay apart.  Its ``mma.sync`` int8 intrinsics are not an option
-there: the rule's ``mma`` path (``is_mma``) is written for fp16 ``m16n8k8`` fragments only.
+24 sampled on a ResNet-50 conv, the others for other reasons); in two scopes they stay apart.
+Its ``mma.sync`` int8 intrinsics are not an option there: the rule's ``mma`` path (``is_mma``) is
+written for fp16 ``m16n8k8`` fragments only.
 The input's shift and padding are inlined into the shared-memory copy, the requantize epilogue
 reads the tile from shared memory in the same kernel.  Needs ``RewriteTensorize`` among the
 postprocessors; sm_72 and later.

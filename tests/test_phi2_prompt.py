@@ -109,6 +109,7 @@ def test_cli_prompt_bad_input(argv, message, capsys):
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow  # 14 s; seed_rules and the tuned row's use of its records run by default in the pick tests below
 @needs_vnni
 def test_tuning_starts_from_our_rules(model, tmp_path):
     """seed_rules commits the untuned schedule of every kernel -- ours where a rule matches, dlight's

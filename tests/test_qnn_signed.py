@@ -38,8 +38,7 @@ def test_the_signed_graph_computes_the_u8_graphs_outputs_bit_for_bit():
     g, images = small_graph()
     expected = g([images])
     signed = run(g.to_relax(emitter=SignedEmitter()), images)
-    assert signed.dtype == np.uint8 and np.array_equal(signed, expected)
-    assert np.array_equal(run(g.to_relax(), images), expected)
+    assert signed.dtype == np.uint8 and np.array_equal(signed, expected)  # the reference is the u8 graph's
 
 
 @T.prim_func(s_tir=True)
