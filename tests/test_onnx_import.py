@@ -305,6 +305,26 @@ def test_amx_layout_equals_the_reference_and_nhwc(packable):
             np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), amx.graph([x]))
 
 
+@pytest.mark.parametrize("name", ["qdq-uint8", "qdq-int8"])
+def test_s8_layout_equals_the_reference_and_is_auto_on_cuda(models, name):
+    """``layout="s8"`` (CUDA int8 tensor cores): grouped and depthwise convs, the dense, pads and
+    concat of the ops model, each conv on signed activations; compiled on this CPU, bit-exact
+    with the NumPy reference; ``auto`` takes it for a CUDA target from sm_72."""
+    import tvm
+
+    from tvm_ext.tune.apply import compile_workload, make_vm
+
+    s8 = import_onnx(models[name], layout="s8")
+    assert s8.layout == "s8" and s8.workload.name.endswith("-s8")
+    assert "shift_s8" in s8.workload.mod.script()
+    target = tvm.target.Target("llvm")
+    vm = make_vm(compile_workload(s8.workload, target, None), target)
+    for x in _inputs(s8):
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(x)).numpy(), s8.graph([x]))
+    assert import_onnx(models[name], target="cuda-sm80").layout == "s8"
+    assert import_onnx(models[name], target={"kind": "cuda", "arch": "sm_70"}).layout == "nhwc"
+
+
 def test_auto_layout_packs_where_the_target_tensorizes(models, packable):
     """``auto``: nchwc where the u8 x s8 rule tensorizes every conv/dense on the target (VNNI;
     AVX2 only with 7-bit weights, whose pairs cannot saturate vpmaddubsw), nhwc otherwise

@@ -94,3 +94,13 @@ def test_the_s8_layout_is_what_resnet50_int8_takes_on_cuda_and_the_reference_sta
     assert RESNET50[best_layout(cuda_target("sm_90"), weights_fit_int16=False)[0]] == "resnet50-int8-s8"
     s8, u8 = workloads.get("resnet50-int8-s8", image=32), workloads.get("resnet50-int8", image=32)
     assert np.array_equal(s8.reference(s8.inputs), u8.reference(u8.inputs))
+
+
+def test_a_sum_read_by_anything_but_a_requantize_is_refused():
+    """Nothing would correct it: one line naming the step and the reader, pointing to layout nhwc."""
+    g = qnn.QuantGraph(seed=1)
+    x = g.input(np.full((1, 4, 4, 8), 130, "uint8"), zp=128)
+    acc = g.step("c.acc", "conv2d_nhwc", [x], [np.ones((1, 1, 8, 8), "int8")], zp_in=128)
+    g.step("pool", "global_avg_pool", [acc])
+    with pytest.raises(ValueError, match=r"^layout s8: the sum of c.acc is read by global_avg_pool, .* layout nhwc$"):
+        g.to_relax(emitter=SignedEmitter())

@@ -189,7 +189,12 @@ def emit(graph: QuantGraph, layout: str, target=None):
     if layout == "nhwc":
         return graph.to_relax(), "nhwc"
     if layout == "s8":
-        return graph.to_relax(emitter=SignedEmitter()), "s8"
+        try:
+            return graph.to_relax(emitter=SignedEmitter()), "s8"
+        except ValueError:
+            if not auto:
+                raise
+            return graph.to_relax(), "nhwc"
     packed = PackedEmitter()
     try:
         mod = graph.to_relax(emitter=packed)

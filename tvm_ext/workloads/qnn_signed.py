@@ -45,8 +45,14 @@ class SignedEmitter(qnn.NHWCEmitter):
     shifted to match (module doc); every other step as ``NHWCEmitter`` does."""
 
     def plan(self, steps, n_inputs: int) -> None:
+        """Which values are shifted sums, and by how much per channel; ValueError (one line) where such a
+        sum is read by anything but the first input of a requantize (nothing would correct it)."""
         self.shift = {}  # value index of a shifted sum -> 128 * sum(w) per output channel
         for i, step in enumerate(steps):
+            for pos, index in enumerate(step.inputs):
+                if index in self.shift and not (step.op in CORRECTED and pos == 0):
+                    raise ValueError(f"layout s8: the sum of {steps[index - n_inputs].name} is read by {step.op}, "
+                                     "which takes no zero-point correction; use layout nhwc")
             if step.op in SIGNED:
                 axes = SIGNED[step.op][1]
                 self.shift[n_inputs + i] = SHIFT * step.consts[0].astype(np.int64).sum(axis=axes)
