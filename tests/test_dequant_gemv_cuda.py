@@ -68,6 +68,29 @@ def test_every_fused_projection_is_one_kernel_with_wide_loads_and_a_warp_sum(dec
         assert re.search(r"half \w+_rf_local_ptr\[1\];", body), k.name  # one partial sum a thread
         assert body.count("__shfl_down_sync(mask") == threads.bit_length() - 1, k.name  # summed across the row
         assert "param_0_local" in body and "param_0_ptr[" not in body, k.name  # no packed word read alone
+        assert "& (uint)15) | (uint)25600)" in body, k.name  # each nibble made a half by its bits (0x6400 | q)
+
+
+def test_the_fp16_unpack_is_exact_and_converts_no_integer():
+    """q4f16_1's weight (q - 7) * scale in half from the bits 0x6400 | q (the half 1024 + q) minus 1031:
+    the same halves as converting q, for every nibble, with no int-to-float conversion in the code."""
+    import numpy as np
+    from tvm import te, tirx
+
+    from tvm_ext.intrinsics.q4_gemv import q4_weight
+    from tvm_ext.tir_utils import collect
+
+    packed, scale = te.placeholder((2, 2), "uint32", name="p"), te.placeholder((2, 1), "float16", name="s")
+    w = te.compute((2, 16), lambda r, c: q4_weight(packed, scale, r, c, "float16"), name="w")
+    func = te.create_prim_func([packed, scale, w])
+    assert not [c for c in collect(func.body, tirx.Cast) if str(c.ty) == "float16" and "int" in str(c.value.ty)]
+    words = np.array([[0x76543210, 0xFEDCBA98], [0x01234567, 0x89ABCDEF]], "uint32")
+    scales = np.array([[0.0377], [-1.25]], "float16")
+    out = tvm.runtime.tensor(np.zeros((2, 16), "float16"))
+    tvm.compile(func, target="llvm")(tvm.runtime.tensor(words), tvm.runtime.tensor(scales), out)
+    nibbles = (words[:, :, None] >> (4 * np.arange(8, dtype="uint32"))) & 15
+    expected = (nibbles.reshape(2, 16).astype("float16") - np.float16(7)) * scales
+    assert np.array_equal(out.numpy(), expected)
 
 
 @needs_nvcc

@@ -49,14 +49,21 @@ PACK = 8  # 4-bit values per uint32 word
 ZERO_POINT = 7
 LANES = (8, 16)
 PREFIX = "tvm_ext.q4_gemv_f32"
+HALF_1024 = 0x6400  # the bits of the half 1024.0: its 10 mantissa bits hold 0..1023 exactly
 
 
 def q4_weight(packed, scale, row, col, dtype, zero_point: int = ZERO_POINT):
     """Element (row, col) of a q4 weight stored as (rows, cols/8) uint32 words + (rows,
     cols/32) scales: (q - 7) * scale, as the decode kernels (and ``desc``) compute it (another
-    ``zero_point``: a format the intrinsic does not cover, for tests)."""
+    ``zero_point``: a format the intrinsic does not cover, for tests).  In float16 (the GPU's
+    q4f16_1) q becomes a half without an int-to-float conversion: the bits ``0x6400 | q`` are the
+    half 1024 + q, exact for q < 1024, and 1024 + 7 is subtracted instead -- the same values,
+    where a GPU converts 16 integers a clock per SM (Hopper) against 128 lanes of logic and FMA."""
     q = (packed[row, col // PACK] >> (tirx.Cast("uint32", col % PACK) * tirx.const(4, "uint32"))) \
         & tirx.const(15, "uint32")
+    if str(dtype) == "float16":
+        biased = tirx.reinterpret("float16", tirx.Cast("uint16", q | tirx.const(HALF_1024, "uint32")))
+        return (biased - tirx.const(1024 + zero_point, dtype)) * tirx.Cast(dtype, scale[row, col // GROUP])
     return (tirx.Cast(dtype, q) - tirx.const(zero_point, dtype)) * tirx.Cast(dtype, scale[row, col // GROUP])
 
 
