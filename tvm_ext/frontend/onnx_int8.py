@@ -179,32 +179,21 @@ def emit(graph: QuantGraph, layout: str, target=None):
     auto = layout == "auto"
     if auto:  # with 7-bit weights assumed; checked below once the graph is packed
         layout = best_layout(target, weights_fit_int16=True)[0]
-    if layout == "amx":
+    emitters = {"amx": AMXEmitter, "nchwc": PackedEmitter, "s8": SignedEmitter}
+    fallback = {"amx": "nchwc", "nchwc": "nhwc", "s8": "nhwc"}  # where auto goes when a layout cannot be emitted
+    while layout != "nhwc":
+        emitter = emitters[layout]()
         try:
-            return graph.to_relax(emitter=AMXEmitter()), "amx"
+            mod = graph.to_relax(emitter=emitter)
         except ValueError:
             if not auto:
                 raise
-            layout = "nchwc"
-    if layout == "nhwc":
-        return graph.to_relax(), "nhwc"
-    if layout == "s8":
-        try:
-            return graph.to_relax(emitter=SignedEmitter()), "s8"
-        except ValueError:
-            if not auto:
-                raise
-            return graph.to_relax(), "nhwc"
-    packed = PackedEmitter()
-    try:
-        mod = graph.to_relax(emitter=packed)
-    except ValueError:
-        if not auto:
-            raise
-        return graph.to_relax(), "nhwc"
-    if auto and packed.unfit and best_layout(target, weights_fit_int16=False)[0] == "nhwc":
-        return graph.to_relax(), "nhwc"  # AVX2 without VNNI, and some weights cannot use its form
-    return mod, "nchwc"
+            layout = fallback[layout]
+            continue
+        if layout == "nchwc" and auto and emitter.unfit and best_layout(target, weights_fit_int16=False)[0] == "nhwc":
+            break  # AVX2 without VNNI, and some weights cannot use its form
+        return mod, layout
+    return graph.to_relax(), "nhwc"
 
 
 def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", target=None,
