@@ -317,18 +317,18 @@ class ReasonLog:
 
 
 def check_short(func: tirx.PrimFunc, name: str, target: tvm.target.Target, limits: dict, *,
-                gpu_code: bool = False, broadcasts: bool = False):
+                gpu_code: bool = False, lane_packing: bool = False):
     """The short lowering (``lower_for_gpu``, the built-in's pipeline) and ``check_lowered``
     on it; ``gpu_code``: then TVM's GPUCodeVerifier too, with the built-in's constraints
     (what the built-in decides after its thread-extent check, which ours covers);
-    ``broadcasts``: then ``check_lane_packing`` on the short code (a verdict to confirm with
-    ``tvm.compile``'s lowering, which can simplify such a broadcast away)."""
+    ``lane_packing``: then ``check_lane_packing`` on the short code (a verdict to confirm with
+    ``tvm.compile``'s lowering, which can simplify such a broadcast or gather away)."""
     try:
         lowered = lower_for_gpu(func, name, target)
     except Exception as err:  # noqa: BLE001 -- any lowering error means "won't build"
         return LOWERING, str(err).strip().splitlines()[-1][:200] if str(err).strip() else repr(err)
     return (check_lowered(lowered, limits) or (check_gpu_code(lowered, limits) if gpu_code else None)
-            or (check_lane_packing(lowered.body) if broadcasts else None))
+            or (check_lane_packing(lowered.body) if lane_packing else None))
 
 
 def verify(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, *, build: bool = True,
@@ -369,7 +369,7 @@ def verify_staged(mod: tvm.IRModule, target: tvm.target.Target, limits: dict, vt
             verdict = _check_built(func, name, target, limits, fast=False)
         else:
             verdict = check_short(func, name, target, limits, gpu_code=True,
-                                  broadcasts=wide_vectors(func) is not None)
+                                  lane_packing=wide_vectors(func) is not None)
             if verdict is not None and verdict[0] in (VECTOR_BROADCAST, VECTOR_GATHER):
                 verdict = _check_built(func, name, target, limits, fast=True)
         if verdict is not None:

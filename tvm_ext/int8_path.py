@@ -13,6 +13,7 @@ from __future__ import annotations
 # the built-in ResNet-50 of each layout
 RESNET50 = {"amx": "resnet50-int8-amx", "nchwc": "resnet50-int8-nchwc", "nhwc": "resnet50-int8",
             "s8": "resnet50-int8-s8"}
+LAYOUTS = ("auto", "nhwc", "nchwc", "amx", "s8")  # what --layout takes: auto, or one of RESNET50's
 
 
 def best_layout(target, weights_fit_int16: bool) -> tuple[str, str]:
@@ -42,4 +43,4 @@ def best_layout(target, weights_fit_int16: bool) -> tuple[str, str]:
     return "nhwc", "no AVX2, VNNI or AMX: nothing tensorizes the int8 products"
 
 
-__all__ = ["RESNET50", "best_layout"]
+__all__ = ["LAYOUTS", "RESNET50", "best_layout"]

@@ -101,7 +101,7 @@ def with_cpu_rules(rules: list) -> list:
     return _before_tiling(rules, [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()])
 
 
-def with_cuda_rules(rules: list, target=None) -> list:
+def with_cuda_rules(rules: list, target) -> list:
     """A copy of ``rules`` with our CUDA rules right before MultiLevelTiling (cuda rule sets other than
     ``upstream``): DequantGEMVCUDA (q4 decode GEMV kernels), ContractionCUDA (decode attention's value
     product) and, where ``target`` has int8 tensor cores, Int8TensorCoreCUDA (s8 x s8 convs and GEMMs
@@ -112,7 +112,7 @@ def with_cuda_rules(rules: list, target=None) -> list:
     from tvm_ext.rules.dequant_gemv_cuda import DequantGEMVCUDA
 
     ours = [DequantGEMVCUDA(), ContractionCUDA()]
-    if target is not None and int8_tc.supported(target):
+    if int8_tc.supported(target):
         ours.append(int8_tc.Int8TensorCoreCUDA())
     return _before_tiling(rules, ours)
 
@@ -128,25 +128,20 @@ def _vnni(target, ruleset: str):
 def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> list:
     """Postprocessors for ``target`` under ``ruleset`` (ours replace VerifyGPUCode)."""
     from tvm_ext.postprocs import ThreadExtentPrecheck, VerifyGPUCode
+    from tvm_ext.rules.int8_tensor_core_cuda import supported as int8_tensor_cores
 
     upstream = list(ms.Postproc.create(target_kind(target)))
     if check_ruleset(ruleset) == "upstream":
         return upstream
     verify = VerifyGPUCode()
     posts = [verify if _name(p) == "VerifyGPUCode" else p for p in upstream]
-    if _tensor_cores(target):  # tensorized before it is verified: the verdict is on what is compiled
+    if int8_tensor_cores(target):  # tensorized before it is verified: the verdict is on what is compiled
         posts.insert(posts.index(verify), RewriteTensorize())
     if any(p is verify for p in posts):
         # its first check, before the postprocs that most candidates would pay for nothing
         posts.insert(0, ThreadExtentPrecheck(verify.log))
     add_vnni = _vnni(target, ruleset)
     return add_vnni([], posts, target)[1] if add_vnni else posts
-
-
-def _tensor_cores(target) -> bool:
-    from tvm_ext.rules.int8_tensor_core_cuda import supported  # pylint: disable=import-outside-toplevel
-
-    return supported(target)
 
 
 def space(target: tvm.target.Target, ruleset: str = "plugin",

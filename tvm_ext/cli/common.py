@@ -5,7 +5,10 @@ import argparse
 import os
 import sys
 
-WORKLOAD_HELP = ("conv2d-int8, resnet50-int8, resnet50-int8-nchwc, resnet50-int8-amx, phi2-decode, phi2-prefill, "
+from tvm_ext.int8_path import LAYOUTS
+
+WORKLOAD_HELP = ("conv2d-int8, resnet50-int8, resnet50-int8-nchwc, resnet50-int8-amx, resnet50-int8-s8, phi2-decode, "
+                 "phi2-prefill, "
                  "or the path of an "
                  "int8 MODEL.onnx (see tvm-ext import; its databases are keyed by the file's content hash)")
 TARGET_HELP = ("llvm (this CPU, the default), llvm-generic, cuda, cuda-sm75, cuda-sm80, cuda-sm90, "
@@ -59,7 +62,7 @@ def add_workload_args(p, batch_default=None) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="MODEL.onnx only: static shape of a dynamic input (see tvm-ext import)")
-    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx", "s8"),
+    p.add_argument("--layout", default="auto", choices=LAYOUTS,
                    help="MODEL.onnx and resnet50-int8: activation layout of the integer network; auto "
                         "(default) is the host's best int8 path on llvm: amx with AMX, nchwc (packed, "
                         "vpdpbusd) with VNNI, else nhwc; on cuda s8 (the convs on signed activations: int8 "
@@ -120,7 +123,7 @@ def builtin_name(args) -> str:
     layout, why = best_layout(resolve_target(args.target), weights_fit_int16=False)  # full 8-bit weights
     if (args.target, layout) not in _SAID:
         _SAID.add((args.target, layout))
-        log(f"int8 path: {RESNET50[layout]} ({why}; --layout nhwc|nchwc|amx|s8 picks another)")
+        log(f"int8 path: {RESNET50[layout]} ({why}; --layout {'|'.join(LAYOUTS[1:])} picks another)")
     return RESNET50[layout]
 
 

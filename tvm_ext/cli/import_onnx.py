@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_ext.cli.common import log
+from tvm_ext.int8_path import LAYOUTS
 
 
 def add_parser(sub) -> None:
@@ -19,7 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("model", metavar="MODEL.onnx", help="the quantized ONNX model")
     p.add_argument("--shape", action="append", default=[], metavar="NAME=1x3x224x224",
                    help="static shape of an input (needed where the model's is dynamic)")
-    p.add_argument("--layout", default="auto", choices=("auto", "nhwc", "nchwc", "amx", "s8"),
+    p.add_argument("--layout", default="auto", choices=LAYOUTS,
                    help="activation layout of the integer module: nhwc; nchwc, the packed "
                         "NCHW[x]c layout the VNNI / AVX2 int8 rules tensorize (plain or depthwise convs, no "
                         "concat); amx, the same with 64-channel blocks that the AMX rule tiles; s8, NHWC with the "

@@ -184,11 +184,9 @@ def _watch_nodes(client, pending: dict, where: dict, before: dict, log) -> tuple
     node and moves its tasks in one step, so two calls could see the tasks moved and the node
     still there, and a later look would no longer know what the node ran."""
     processing = client.processing()
-    if processing.keys() - before.keys():  # a node joined: its name (the scheduler knows it by then)
-        names = _workers(client)
-        now = {addr: before.get(addr) or names.get(addr, addr) for addr in processing}
-    else:
-        now = {addr: before[addr] for addr in processing}
+    joined = processing.keys() - before.keys()
+    names = _workers(client) if joined else {}  # a node that joined: its name (the scheduler knows it by then)
+    now = {addr: before.get(addr) or names.get(addr, addr) for addr in processing}
     ours = set(pending.values())
     for addr in before.keys() - now.keys():
         lost = sorted(name for name, node in where.items() if node == addr and name in ours)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tvm_ext.int8_path import LAYOUTS
 from tvm_ext.workloads.base import Workload
 from tvm_ext.workloads.qnn import QuantGraph
 from tvm_ext.workloads.qnn_packed import PackedEmitter
@@ -37,7 +38,6 @@ from . import onnx_nodes
 from .qvalues import Steps, View
 
 OPSETS = (13, 21)  # default-domain opsets handled (per-axis DequantizeLinear needs 13)
-LAYOUTS = ("auto", "nhwc", "nchwc", "amx", "s8")
 
 
 @dataclass

@@ -13,6 +13,8 @@ ResNet-50 so emitted (``tvm_ext.int8_path`` picks it for CUDA targets), with the
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from tvm import relax, te
 
@@ -63,7 +65,6 @@ class SignedEmitter(qnn.NHWCEmitter):
             return bb.emit_te(SIGNED[step.op][0], *args, *consts, primfunc_name_hint=step.op, **step.attrs)
         if step.op in CORRECTED and step.inputs[0] in self.shift:
             zp_corr = step.consts[0]
-            corrected = (zp_corr.astype(np.int64) - self.shift[step.inputs[0]].reshape(zp_corr.shape))
-            consts = [relax.const(corrected.astype(np.int32)), *(relax.const(c) for c in step.consts[1:])]
-            return bb.emit_te(getattr(qnn, step.op), *args, *consts, primfunc_name_hint=step.op, **step.attrs)
+            corrected = (zp_corr.astype(np.int64) - self.shift[step.inputs[0]].reshape(zp_corr.shape)).astype(np.int32)
+            step = replace(step, consts=(corrected, *step.consts[1:]))
         return super().step(bb, step, args)
