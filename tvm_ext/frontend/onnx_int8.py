@@ -17,8 +17,10 @@ builder gives the exact expected output of the compiled module.
 The module keeps the model's signature: float32 NCHW in, float32 out. Inside, activations
 are NHWC uint8 (int8 tensors shifted by 128), weights int8 HWIO; with ``layout="nchwc"`` the
 same graph is emitted in the packed layouts (``tvm_ext.workloads.qnn_packed``; ``"amx"``: with the
-64-channel blocks of ``tvm_ext.workloads.qnn_amx``), bit for bit the same outputs. How the rounding differs
-from ORT's: see :mod:`.qvalues`.
+64-channel blocks of ``tvm_ext.workloads.qnn_amx``), their requantize in float32
+(``tvm_ext.workloads.qnn_float``, ONNX's definition; the NHWC module's fixed point can differ from it by one
+step where a value lies within a rounding error of a .5 boundary). How the rounding differs from ORT's: see
+:mod:`.qvalues`.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import numpy as np
 from tvm_ext.int8_path import LAYOUTS
 from tvm_ext.workloads.base import Workload
 from tvm_ext.workloads.qnn import QuantGraph
+from tvm_ext.workloads.qnn_float import FloatRequantizeGraph
 from tvm_ext.workloads.qnn_packed import PackedEmitter
 
 from . import onnx_nodes
@@ -160,15 +163,20 @@ def check_layout(layout: str) -> str:
 
 
 def emit(graph: QuantGraph, layout: str, target=None):
-    """(Relax module, layout) of ``graph``: ``nhwc`` is the recorded graph as it is;
-    ``nchwc`` the packed NCHW[x]c layouts of ``qnn_packed.PackedEmitter``, which the u8 x s8
+    """(Relax module, layout, reference graph) of ``graph``: ``nhwc`` is the recorded graph as it
+    is; ``nchwc`` the packed NCHW[x]c layouts of ``qnn_packed.PackedEmitter``, which the u8 x s8
     tensorization rule matches (ValueError, one line, for a graph it cannot lay out: grouped
     convs that are not depthwise, concat or rescale steps, an output that is not flat); ``amx``
     the same with 64-channel blocks where the channels allow (``qnn_amx.AMXEmitter``), which
     the AMX rule tiles; ``s8`` NHWC with the convs on signed activations (``qnn_signed``), which int8
     tensor cores take. ``auto`` follows ``tvm_ext.int8_path.best_layout`` for ``target``
     (default: this host), the policy the built-in ResNet-50 follows too, and falls back to the
-    next layout where the graph cannot be laid out so."""
+    next layout where the graph cannot be laid out so.
+
+    The packed layouts requantize in float32 as ONNX defines QLinearConv and ORT computes it
+    (``qnn_float``: 16 lanes a vector where the fixed point's int64 multiplies run 8); their
+    reference is then ``qnn_float.FloatRequantizeGraph``, whose residual adds keep the fixed
+    point (ORT's are integer too). ``nhwc`` and ``s8`` keep the fixed point throughout."""
     from tvm_ext.int8_path import best_layout  # pylint: disable=import-outside-toplevel
     from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
     from tvm_ext.workloads.qnn_amx import AMXEmitter  # pylint: disable=import-outside-toplevel
@@ -179,12 +187,15 @@ def emit(graph: QuantGraph, layout: str, target=None):
     auto = layout == "auto"
     if auto:  # with 7-bit weights assumed; checked below once the graph is packed
         layout = best_layout(target, weights_fit_int16=True)[0]
-    emitters = {"amx": AMXEmitter, "nchwc": PackedEmitter, "s8": SignedEmitter}
+    floats = FloatRequantizeGraph.of(graph)
+    emitters = {"amx": lambda: AMXEmitter.for_graph(floats), "nchwc": lambda: PackedEmitter.for_graph(floats),
+                "s8": SignedEmitter}
     fallback = {"amx": "nchwc", "nchwc": "nhwc", "s8": "nhwc"}  # where auto goes when a layout cannot be emitted
     while layout != "nhwc":
         emitter = emitters[layout]()
+        reference = floats if getattr(emitter, "float_epilogues", False) else graph
         try:
-            mod = graph.to_relax(emitter=emitter)
+            mod = reference.to_relax(emitter=emitter)
         except ValueError:
             if not auto:
                 raise
@@ -192,8 +203,8 @@ def emit(graph: QuantGraph, layout: str, target=None):
             continue
         if layout == "nchwc" and auto and emitter.unfit and best_layout(target, weights_fit_int16=False)[0] == "nhwc":
             break  # AVX2 without VNNI, and some weights cannot use its form
-        return mod, layout
-    return graph.to_relax(), "nhwc"
+        return mod, layout, reference
+    return graph.to_relax(), "nhwc", graph
 
 
 def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", target=None,
@@ -214,7 +225,7 @@ def import_onnx(path: str, shapes: dict | None = None, layout: str = "auto", tar
     steps.output(out)
     n_in = len(graph.input_specs)
     layers = {k: (v.value.index, v.signed) for k, v in steps.layers.items() if v.value.index >= n_in}
-    mod, layout = emit(graph, layout, target)
+    mod, layout, graph = emit(graph, layout, target)
     options = {"onnx": os.path.basename(path), "sha256": digest, "input_shape": list(shape), "layout": layout}
     wl = Workload(workload_name(path, digest, layout), mod, [sample], graph, exact=True, options=options)
     if log:

@@ -18,7 +18,8 @@ rows of [16 outputs][4 inputs]. So, compared with the VNNI emission of ``qnn_pac
   per vector where the fixed point's ``q_multiply_shift`` runs 8 in int64; the residual tasks'
   epilogue was most of their time once AMX made the convs fast), and the requantize feeding a
   residual add is computed inside the add (``fold_requantize``: no uint8 round trip). Imported
-  models keep the fixed point, with the add's two rescales in int32 lanes (``qnn._qmsa_int32``);
+  models requantize in float32 too but keep their adds in the fixed point, as ORT computes them
+  (``qnn_float.FloatRequantizeGraph``), with the two rescales in int32 lanes (``qnn._qmsa_int32``);
 * an imported model's convs that are grouped or whose outputs are not a multiple of 64
   (``tvm-ext import --layout amx``) are emitted as ``qnn_packed`` does (16-lane blocks),
   and convs reading them are left to VNNI by the AMX rule.
@@ -80,16 +81,12 @@ def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride=1, pad=0,
 
 
 class AMXEmitter(PackedEmitter):
-    """``PackedEmitter`` with 64-channel activation blocks (see the module doc), the
-    residual adds' two rescales in int32 lanes where that is exact (``qnn._qmsa_int32``), and
-    with ``fold_requantize`` their conv's requantize folded into them. ``float_epilogues``:
-    requantize and residual adds in float32 (``qnn_float``; the graph's reference must be
-    ``qnn_float.FloatQuantGraph``)."""
+    """``PackedEmitter`` with 64-channel activation blocks (see the module doc), with
+    ``fold_requantize`` the residual adds' conv requantize folded into them. ``float_epilogues``
+    and ``float_adds`` as ``PackedEmitter``'s (``for_graph`` picks them from the graph)."""
 
-    int32_rescale = True
-
-    def __init__(self, fold_requantize: bool = False, float_epilogues: bool = False):
-        super().__init__(float_epilogues)
+    def __init__(self, fold_requantize: bool = False, float_epilogues: bool = False, float_adds: bool | None = None):
+        super().__init__(float_epilogues, float_adds)
         # on for resnet50-int8-amx only: in an imported ResNet-50 the folded add of a
         # projection block took the shortcut's conv into its fused function, and FuseOps left
         # the main conv alone, its int32 accumulator written out (4 such tasks)
@@ -117,8 +114,7 @@ class AMXEmitter(PackedEmitter):
 def to_relax(graph, fused: bool = True, fold_requantize: bool = False):
     """``graph`` (a ``qnn.QuantGraph``) as a Relax module in the AMX layouts; a
     ``qnn_float.FloatQuantGraph`` gets float32 epilogues."""
-    float_epilogues = isinstance(graph, qnn_float.FloatQuantGraph)
-    return graph.to_relax(fused=fused, emitter=AMXEmitter(fold_requantize, float_epilogues))
+    return graph.to_relax(fused=fused, emitter=AMXEmitter.for_graph(graph, fold_requantize=fold_requantize))
 
 
 def build_resnet50(batch: int = 1, image: int = 224, seed: int = 0):

@@ -126,9 +126,17 @@ class PackedEmitter:
     """Emits the steps of a QuantGraph on packed tensors (see the module doc). ``unfit``
     counts the convs and denses whose weights do not pass ``pairs_fit_int16`` (no AVX2 form)."""
 
-    def __init__(self, float_epilogues: bool = False):
+    def __init__(self, float_epilogues: bool = False, float_adds: bool | None = None):
         self.unfit = 0
-        self.float_epilogues = float_epilogues  # requantize and residual adds in float32 (qnn_float)
+        self.float_epilogues = float_epilogues  # requantize in float32 (qnn_float)
+        self.float_adds = float_epilogues if float_adds is None else float_adds  # residual adds too
+
+    @classmethod
+    def for_graph(cls, graph, **kwargs):
+        """The emitter whose arithmetic is ``graph``'s reference: float32 epilogues for a
+        ``qnn_float.FloatQuantGraph`` (its adds as the graph says), the fixed point otherwise."""
+        floats = isinstance(graph, qnn_float.FloatQuantGraph)
+        return cls(**kwargs, float_epilogues=floats, float_adds=floats and graph.float_adds)
 
     def _fits(self, weight) -> bool:
         fits = pairs_fit_int16(weight)
@@ -212,12 +220,16 @@ class PackedEmitter:
                          channel_axes=acc.channel_axes, primfunc_name_hint="requantize")
         return replace(acc, var=out)
 
-    int32_rescale = False  # residual adds' rescales in int32 lanes where exact (qnn._qmsa_int32)
+    # fixed-point residual adds (an imported model's: the built-in networks add in float32) rescale
+    # their two inputs in int32 lanes where that is exact (qnn._qmsa_int32): 16 lanes, not int64's 8
+    int32_rescale = True
 
     def _add_requantize(self, bb, a, b: Packed, *consts, **zps) -> Packed:
         acc = a.acc if isinstance(a, Deferred) else a
         assert (acc.channels, acc.cb) == (b.channels, b.cb)
-        if self.float_epilogues:
+        if isinstance(a, Deferred) and self.float_adds != self.float_epilogues:
+            raise ValueError("a requantize folded into its add takes float32 epilogues for both or neither")
+        if self.float_adds:
             shifts = {k: zps.pop(k) for k in ("lshift_a", "lshift_b", "frac_bits") if k in zps}
             consts = qnn_float.add_consts(*consts, **shifts)
             add, fused = qnn_float.add_requantize_f32, qnn_float.requantize_add_requantize_f32
@@ -278,8 +290,8 @@ class PackedEmitter:
 
 def to_relax(graph: qnn.QuantGraph, fused: bool = True):
     """``graph`` as a Relax module in the packed layouts (same ``main`` signature); a
-    ``qnn_float.FloatQuantGraph`` gets float32 epilogues."""
-    return graph.to_relax(fused=fused, emitter=PackedEmitter(isinstance(graph, qnn_float.FloatQuantGraph)))
+    ``qnn_float.FloatQuantGraph`` gets float32 epilogues (``PackedEmitter.for_graph``)."""
+    return graph.to_relax(fused=fused, emitter=PackedEmitter.for_graph(graph))
 
 
 __all__ = ["Packed", "PackedEmitter", "pack_input", "to_relax"]
