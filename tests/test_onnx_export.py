@@ -57,3 +57,50 @@ def test_single_conv_within_one_step(weights):
 def test_unknown_weight_type_is_refused():
     with pytest.raises(ValueError, match="'int4'"):
         OE.weight_inputs(None, np.zeros((1, 1, 1, 1), np.int8), "w", np.ones(1, np.float32), "int4")
+
+
+def _residual_graph():
+    """A small recorded network with everything the QDQ form emits: a strided 3x3 conv, max
+    pool, a residual add, global average pool and a dense; float32 epilogues (the built-in
+    packed networks' reference)."""
+    from tvm_ext.workloads.qnn import QuantGraph
+    from tvm_ext.workloads.qnn_float import FloatQuantGraph
+
+    rng = np.random.RandomState(0)
+    g = QuantGraph(0)
+    image = rng.randint(0, 256, (1, 16, 16, 3)).astype(np.uint8)
+    x = g.input(image, zp=100)
+    c1 = g.max_pool(g.conv(x, 32, 3, stride=2, zp_out=0, name="c1"))
+    c2 = g.conv(c1, 32, 3, zp_out=20, name="c2")
+    r = g.add(c2, c1, zp_out=0, name="add")
+    g.dense(g.global_avg_pool(r), 10, name="fc")
+    return FloatQuantGraph.of(g), image
+
+
+def test_qdq_form_runs_in_ort_and_openvino_within_one_step():
+    """form="qdq": standard-domain ops only (OpenVINO reads no QLinearConv nor com.microsoft ops);
+    ORT and OpenVINO both run it, every output within one uint8 step of the reference."""
+    import os
+    import tempfile
+
+    import onnx
+
+    from tvm_ext.bench.peers import _openvino
+
+    graph, image = _residual_graph()
+    ref = graph([image])
+    model, _ = OE.export_quant_graph(graph, 1, weights="int8", form="qdq")
+    ops = {n.op_type for n in model.graph.node}
+    assert {"DequantizeLinear", "QuantizeLinear", "Conv", "Add"} <= ops and not any(n.domain for n in model.graph.node)
+    assert not {o for o in ops if o.startswith("QLinear")}, ops
+    ort_out = OE.ort_session(model, 2).run(None, {"images": image})[0]
+    assert OE.diff_steps(ort_out, ref)["max_step"] <= 1 and len(np.unique(ref)) > 3
+    ov = _openvino()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.onnx")
+        onnx.save(model, path)
+        compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    ov_out = np.asarray(compiled.create_infer_request().infer({"images": image})[compiled.output(0)])
+    assert OE.diff_steps(ov_out, ref)["max_step"] <= 1
+    with pytest.raises(ValueError, match="form must be one of qoperator, qdq"):
+        OE.export_quant_graph(graph, 1, form="qlinear")

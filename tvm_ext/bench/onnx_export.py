@@ -63,8 +63,11 @@ class _Emitter:
         return out
 
 
+FORMS = ("qoperator", "qdq")
+
+
 def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_add: bool = True,
-                       weights: str = "int8"):
+                       weights: str = "int8", form: str = "qoperator"):
     """ONNX model of a recorded QuantGraph whose input is NHWC uint8 images.
 
     Returns ``(model, layer_outputs)``: ``layer_outputs`` maps each requantized layer
@@ -73,7 +76,12 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
     float64 elementwise ops that round like ours (each input separately, half up);
     otherwise ``com.microsoft.QLinearAdd``, which rounds once (<= 1 step per add, but
     16 adds in a row let differences grow through the network).
+
+    ``form="qdq"``: standard ops only, as ORT's ``quantize_static`` writes a QDQ model
+    (``_qdq_conv``, ``_qdq_add``; ``exact_add`` does not apply): what OpenVINO reads.
     """
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {', '.join(FORMS)}, not {form!r}")
     e = _Emitter()
     helper, TP = e.helper, e.TensorProto
     (in_shape, in_dtype), = graph.input_specs
@@ -116,13 +124,14 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
                 x = e.node("Unsqueeze", [x, e.const(np.array([2, 3], np.int64), "axes")], "fc_in")
                 attrs = dict(kernel_shape=[1, 1])
             scale = fixed_to_float(mult, rshift).reshape(-1)
-            ins = [
-                x, one, e.const(np.uint8(zx), "x_zp"),
-                *weight_inputs(e, w, step.name, scale, weights),
-                one, e.const(np.uint8(zp_out), "y_zp"),
-                e.const(np.asarray(bias, np.int32).reshape(-1), "bias"),
-            ]
-            y = e.node("QLinearConv", ins, step.name, **attrs)
+            w_ins = weight_inputs(e, w, step.name, scale, weights)
+            bias = np.asarray(bias, np.int32).reshape(-1)
+            if form == "qdq":
+                y = _qdq_conv(e, x, zx, w_ins, bias, scale, step, attrs)
+            else:
+                ins = [x, one, e.const(np.uint8(zx), "x_zp"), *w_ins, one, e.const(np.uint8(zp_out), "y_zp"),
+                       e.const(bias, "bias")]
+                y = e.node("QLinearConv", ins, step.name, **attrs)
             if acc_step.op == "dense":
                 y = e.node("Squeeze", [y, e.const(np.array([2, 3], np.int64), "axes")], "fc_out")
             values.append(y)
@@ -135,6 +144,13 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
             mult_a, rshift_a, mult_b, rshift_b = step.consts
             for m in (mult_a, mult_b):
                 assert np.all(m == m.flat[0]), "QLinearAdd needs per-tensor scales"
+            if form == "qdq":
+                y = _qdq_add(e, values[a], values[b], step)
+                hw.append(hw[a])
+                values.append(y)
+                zps.append(step.attrs["zp_out"])
+                layer_outputs[step.name] = y
+                continue
             if exact_add:
                 terms = []
                 for v, m, r, zk in ((a, mult_a, rshift_a, "zp_a"), (b, mult_b, rshift_b, "zp_b")):
@@ -179,10 +195,16 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
             src = idx_in[0]
             h, w = hw[src]
             hw.append(None)
-            x32 = e.node("Cast", [values[src]], "gap_i32", to=TP.INT32)
+            # (sum + hw/2) // hw; in float32 for the QDQ form (exact: sums < 2**24, and a correctly
+            # rounded quotient of integers floors to the integer quotient), as OpenVINO rounds an
+            # integer Div to nearest (56 % of a test's pooled values one off)
+            acc_t, acc_np = (TP.FLOAT, np.float32) if form == "qdq" else (TP.INT32, np.int32)
+            x32 = e.node("Cast", [values[src]], "gap_acc", to=acc_t)
             s = e.node("ReduceSum", [x32, e.const(np.array([2, 3], np.int64), "axes")], "gap_sum", keepdims=0)
-            s = e.node("Add", [s, e.const(np.int32((h * w) // 2), "half")], "gap_round")
-            s = e.node("Div", [s, e.const(np.int32(h * w), "hw")], "gap_div")
+            s = e.node("Add", [s, e.const(acc_np((h * w) // 2), "half")], "gap_round")
+            s = e.node("Div", [s, e.const(acc_np(h * w), "hw")], "gap_div")
+            if form == "qdq":
+                s = e.node("Floor", [s], "gap_floor")
             y = e.node("Cast", [s], step.name, to=TP.UINT8)
             values.append(y)
             zps.append(zps[src])
@@ -200,6 +222,45 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
     )
     model.ir_version = 8
     return model, layer_outputs
+
+
+def _dq(e, x, scale, zp, hint, **attrs) -> str:
+    return e.node("DequantizeLinear", [x, e.const(scale, hint + "_scale"), e.const(zp, hint + "_zp")], hint, **attrs)
+
+
+def _quantized(e, y, step) -> str:
+    """``y`` (float, in output steps: scale 1) clipped to the step's [lo, hi] as a Relu or
+    Clip where they are narrower than uint8's, then QuantizeLinear with its zero point."""
+    zp, lo, hi = int(step.attrs["zp_out"]), int(step.attrs.get("lo", 0)), int(step.attrs.get("hi", 255))
+    if (lo, hi) == (zp, 255):
+        y = e.node("Relu", [y], step.name + "_relu")
+    elif (lo, hi) != (0, 255):
+        y = e.node("Clip", [y, e.const(np.float32(lo - zp), "lo"), e.const(np.float32(hi - zp), "hi")],
+                   step.name + "_clip")
+    return e.node("QuantizeLinear", [y, e.const(np.float32(1.0), "y_scale"), e.const(np.uint8(zp), "y_zp")],
+                  step.name)
+
+
+def _qdq_conv(e, x, zx, w_ins, bias, scale, step, attrs) -> str:
+    """DequantizeLinear(x) -> Conv with dequantized per-channel weights and bias -> QuantizeLinear:
+    input and output scales 1, the weights' scale the requantize multiplier, so that a runtime
+    fusing the pattern into an integer conv computes ``rint(float(acc) * scale) + zp`` as ours."""
+    xf = _dq(e, x, np.float32(1.0), np.uint8(zx), "x_dq")
+    wf = e.node("DequantizeLinear", w_ins, step.name + "_w_dq", axis=0)
+    bf = _dq(e, e.const(bias, "bias"), scale, np.zeros_like(bias), "b_dq", axis=0)
+    return _quantized(e, e.node("Conv", [xf, wf, bf], step.name + "_conv", **attrs), step)
+
+
+def _qdq_add(e, a, b, step) -> str:
+    """DequantizeLinear of both inputs with the add's float32 scales (``qnn_float.add_consts``,
+    what the built-in networks' float epilogues multiply by), Add, QuantizeLinear."""
+    from tvm_ext.workloads.qnn_float import add_consts  # pylint: disable=import-outside-toplevel
+
+    shifts = {k: step.attrs[k] for k in ("lshift_a", "lshift_b", "frac_bits") if k in step.attrs}
+    sa, sb = (np.float32(v.flat[0]) for v in add_consts(*step.consts, **shifts))
+    af = _dq(e, a, sa, np.uint8(step.attrs["zp_a"]), "a_dq")
+    bf = _dq(e, b, sb, np.uint8(step.attrs["zp_b"]), "b_dq")
+    return _quantized(e, e.node("Add", [af, bf], step.name + "_sum"), step)
 
 
 def weight_inputs(e, w: np.ndarray, name: str, scale, weights: str) -> list:
@@ -297,6 +358,7 @@ def compare_resnet50_int8(batch: int = 1, image: int = 224, seed: int = 0, threa
 
 
 __all__ = [
+    "FORMS",
     "export_quant_graph",
     "fixed_to_float",
     "ort_session",

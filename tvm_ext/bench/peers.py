@@ -50,10 +50,11 @@ def peer_model(workload, what: str = "ort"):
 
     An imported .onnx is that very file (its float output compared in output quantization steps).
     A built-in network is its recorded QuantGraph exported (same weights and quantization
-    parameters): residual adds as ``com.microsoft.QLinearAdd``, weights int8 on VNNI hosts and
-    uint8 elsewhere, where ORT's int8 kernels saturate (``onnx_export.weight_inputs``); its
-    uint8 output compared in uint8 steps. One-step rounding differences of single layers grow
-    through a deep network."""
+    parameters): for ORT as QLinearConv with residual adds as ``com.microsoft.QLinearAdd``, for
+    OpenVINO (which reads neither) in QDQ form; weights int8 on VNNI hosts and uint8 elsewhere,
+    where ORT's int8 kernels saturate (``onnx_export.weight_inputs``); its uint8 output compared
+    in uint8 steps. One-step rounding differences of single layers grow through a deep network
+    (a random-weight ResNet-50 ends up most outputs off in either form)."""
     import onnx
 
     from tvm_ext.bench import onnx_export
@@ -70,7 +71,8 @@ def peer_model(workload, what: str = "ort"):
     if not hasattr(graph, "steps"):
         raise ValueError(f"--peers {what}: workload {workload.name!r} has no quantized graph to export")
     weights = onnx_export.exact_weights_for_host()
-    model, _ = onnx_export.export_quant_graph(graph, workload.inputs[0].shape[0], exact_add=False, weights=weights)
+    model, _ = onnx_export.export_quant_graph(graph, workload.inputs[0].shape[0], exact_add=False, weights=weights,
+                                              form="qdq" if what == "ov" else "qoperator")
     # the exported graph is NCHW inside; a network ending in a conv returns NCHW
     return model, "images", None, lambda out: onnx_export.diff_steps(onnx_export.to_nhwc(out), ref), weights, ""
 
@@ -140,8 +142,8 @@ def ov_network(workload, threads: int, log=print):
     with bf16 (AVX512-BF16, AMX) is bf16. Measured in session 18 (OpenVINO 2026.4, AVX-512 EPYC):
     on a user's QDQ file (the zoo's MobileNetV2) within 13 steps of the exact reference where ORT
     is within 1; on the exported QLinearConv of the built-in networks up to 122 steps off, in f32
-    and bf16 alike and whatever its scales and zero points, where ORT is exact: compare OpenVINO
-    on imported QDQ files, and read its row's steps before its time."""
+    and bf16 alike and whatever its scales and zero points, where ORT is exact: so a built-in
+    network reaches OpenVINO in QDQ form (``peer_model``); read its row's steps before its time."""
     import importlib.util
     import os
     import tempfile
@@ -159,7 +161,7 @@ def ov_network(workload, threads: int, log=print):
         onnx.save(model, path)
         try:
             read = core.read_model(path)
-        except RuntimeError as err:  # e.g. com.microsoft.QLinearAdd, which the exported ResNet-50s use
+        except RuntimeError as err:  # e.g. com.microsoft ops in a user's QOperator file
             last = [ln.strip() for ln in str(err).splitlines() if ln.strip()][-1:]
             raise ValueError(f"--peers ov: OpenVINO cannot read {workload.name}'s ONNX model "
                              f"({last[0] if last else err}); it runs ONNX files with standard ops, "

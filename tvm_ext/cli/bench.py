@@ -29,11 +29,13 @@ def add_parser(sub) -> None:
     p.add_argument("--peers", default=None,
                    help="int8: also time these runtimes on the same network in the same rounds; "
                         "'ort' = ONNX Runtime (needs the [bench] extra; on an .onnx model it runs that "
-                        "file), 'ov' = OpenVINO's CPU plugin, 'tvm-onnx' = TVM's own from_onnx on an .onnx "
-                        "model with default schedules, 'torch' = PyTorch's ResNet-50 (torchvision, random "
-                        "weights; on cuda fp16 channels_last under a CUDA graph). phi2-decode: 'ort[,torch]' "
-                        "times ORT MatMulNBits (accuracy_level 0 and 4) and torch bf16/fp32 linear "
-                        "on every projection, same q4 weights, same DRAM cycling")
+                        "file; a built-in network exported with QLinearConv), 'ov' = OpenVINO's CPU "
+                        "plugin (a built-in network exported in QDQ form), 'tvm-onnx' = TVM's own "
+                        "from_onnx on an .onnx model with default schedules, 'torch' = PyTorch's "
+                        "ResNet-50 (torchvision, random weights; on cuda fp16 channels_last under a CUDA "
+                        "graph). phi2-decode: 'ort[,torch]' times ORT MatMulNBits (accuracy_level 0 "
+                        "and 4) and torch bf16/fp32 linear on every projection, same q4 weights, same "
+                        "DRAM cycling")
     p.add_argument("--int8", action="store_true",
                    help="phi2-decode on an AVX2 CPU: also time tvm_ext's int8-activation projections "
                         "(activations quantized per group of 32, integer dot products: a different "
