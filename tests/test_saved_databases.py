@@ -203,3 +203,11 @@ def test_a_run_starts_from_the_saved_database_of_the_closest_cpu(tmp_path):
     for threads in (meta["threads"] + 1, None):
         Path(root, "toy-llvm-plugin", D.META_FILE).write_text(json.dumps(dict(meta, threads=threads)))
         assert find_saved("toy", "plugin", {}, cascade, root=str(root)) == (str(root / "toy-llvm-plugin"), False)
+    # bench --from-logs reads the database tuned for exactly this CPU, whatever its name and thread count
+    from tvm_ext.tune.save import saved_for
+
+    assert saved_for("toy", "plugin", {}, znver5, root=str(root)) is None  # no znver5 one: the default name's
+    sapphire = resolve_target({"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2})
+    assert saved_for("toy", "plugin", {}, sapphire, root=str(root)) == str(root / "toy-sapphire-llvm-plugin")
+    assert saved_for("toy", "plugin", {}, cascade, root=str(root)) == str(root / "toy-llvm-plugin")
+    assert saved_for("toy", "upstream", {}, sapphire, root=str(root)) is None

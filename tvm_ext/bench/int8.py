@@ -108,12 +108,18 @@ def _network(workload, ruleset, target, trials, from_logs, work_root, label, log
     tuned first unless ``from_logs``, checked bit-exactly against the workload's reference."""
     import tvm
 
-    from tvm_ext.targets import target_key
+    from tvm_ext.targets import target_key, target_mismatch
+    from tvm_ext.tune.save import saved_for
 
     work_dir = tuning.default_work_dir(workload.name, target, ruleset, work_root)
+    if from_logs and work_root == tuning.SAVED_ROOT:  # the one saved for this CPU, where there is one
+        work_dir = saved_for(workload.name, ruleset, workload.options, target, work_root) or work_dir
     if not from_logs:
         tuning.tune(workload, target, work_dir, trials, ruleset, log=log)
     meta = tuning.read_meta(work_dir)  # a clear error when a committed database is missing
+    mismatch = target_mismatch(meta["target"], target) if from_logs else None
+    if mismatch:
+        log(f"note: {work_dir}: {mismatch}")
     tuning.check_instructions(work_dir, target)  # not an LLVM abort on a host without VNNI/AMX
     if meta["options"] != workload.options:
         raise tuning.DatabaseMismatch(f"{work_dir} was tuned for {meta['options']}, not {workload.options}")

@@ -103,6 +103,33 @@ def _vendor(mcpu) -> str:
     return "amd" if str(mcpu or "").startswith(("znver", "bdver", "btver", "amdfam")) else "intel"
 
 
+def _saved_of(workload: str, ruleset: str, options: dict, kind: str, root: str):
+    """(path, meta) of every saved work dir of ``workload`` with these options and rule set, for
+    target kind ``kind``, under any name."""
+    import glob
+
+    for meta_path in sorted(glob.glob(os.path.join(root, "*", META_FILE))):
+        path = os.path.dirname(meta_path)
+        try:
+            meta = read_meta(path)
+        except ValueError:
+            continue
+        if (meta.get("workload"), meta.get("ruleset"), meta.get("options")) == (workload, ruleset, options) \
+                and meta["target"].get("kind") == kind:
+            yield path, meta
+
+
+def saved_for(workload: str, ruleset: str, options: dict, target, root: str = SAVED_ROOT) -> str | None:
+    """The saved database of ``workload`` tuned for exactly ``target`` (on any number of threads),
+    under any name (``resnet50-int8-nchwc-znver5-llvm-plugin``): what ``bench --from-logs`` reads
+    on this machine rather than the default name's, tuned for another CPU. None if there is none."""
+    from tvm_ext.targets import target_mismatch, target_to_json
+
+    kind = target_to_json(target).get("kind")
+    return next((path for path, meta in _saved_of(workload, ruleset, options, kind, root)
+                 if target_mismatch(meta["target"], target) is None), None)
+
+
 def find_saved(workload: str, ruleset: str, options: dict, target, root: str = SAVED_ROOT) -> tuple:
     """The saved database a new tuning run of ``workload`` should start from: ``(path, exact)``.
 
@@ -113,22 +140,12 @@ def find_saved(workload: str, ruleset: str, options: dict, target, root: str = S
     one with the most records (its schedules are measured here before they are trusted: a record's
     seconds on one thread rank a 2-thread run's candidates wrongly, and summed they are no estimate
     of the network). ``(None, why)`` when there is none."""
-    import glob
-
     from tvm_ext.targets import target_mismatch, target_to_json
     from tvm_ext.tune.database import check_instructions, measuring_threads
 
     here = target_to_json(target)
     found, refused = [], []
-    for meta_path in sorted(glob.glob(os.path.join(root, "*", META_FILE))):
-        path = os.path.dirname(meta_path)
-        try:
-            meta = read_meta(path)
-        except ValueError:
-            continue
-        if (meta.get("workload"), meta.get("ruleset"), meta.get("options")) != (workload, ruleset, options) \
-                or meta["target"].get("kind") != here.get("kind"):
-            continue
+    for path, meta in _saved_of(workload, ruleset, options, here.get("kind"), root):
         if target_mismatch(meta["target"], target) is None and meta.get("threads") == measuring_threads():
             return path, True
         try:
@@ -144,4 +161,4 @@ def find_saved(workload: str, ruleset: str, options: dict, target, root: str = S
     return None, (refused[0] if refused else "no saved database of this workload and rule set")
 
 
-__all__ = ["find_saved", "save"]
+__all__ = ["find_saved", "save", "saved_for"]
