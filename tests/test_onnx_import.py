@@ -18,7 +18,7 @@ from tvm_ext.cli import import_onnx as cli_import  # noqa: E402
 from tvm_ext.cli.main import main  # noqa: E402
 from tvm_ext.frontend import zoo  # noqa: E402
 from tvm_ext.frontend.onnx_int8 import import_onnx  # noqa: E402
-from tvm_ext.workloads.qnn_float import FloatQuantGraph, FloatRequantizeGraph  # noqa: E402
+from tvm_ext.workloads.qnn_float import FloatQuantGraph  # noqa: E402
 
 RNG = np.random.RandomState(0)
 
@@ -102,8 +102,10 @@ def _inputs(imported, count=2):
 def test_every_op_within_one_step_of_ort_per_layer(models, name):
     imported = import_onnx(models[name])
     ops = {s.op for s in imported.graph.steps}
-    assert {"quantize", "conv2d_nhwc", "requantize", "add_requantize", "max_pool2d", "concat", "flatten",
+    assert {"quantize", "conv2d_nhwc", "requantize", "qlinear_add", "max_pool2d", "concat", "flatten",
             "dense", "dequantize"} <= ops, ops
+    n_in = len(imported.graph.input_specs)
+    adds = [k for k, (i, _) in imported.layers.items() if imported.graph.steps[i - n_in].op == "qlinear_add"]
     convs = [s for s in imported.graph.steps if s.op == "conv2d_nhwc"]
     assert {s.attrs.get("groups", 1) for s in convs} >= {1, 2, 8}  # plain, grouped, depthwise (+ avg pool)
     assert any(isinstance(s.attrs["pad"], tuple) for s in convs)  # explicit asymmetric pads
@@ -114,6 +116,7 @@ def test_every_op_within_one_step_of_ort_per_layer(models, name):
         assert len(layers) >= 8
         worst = {k: v["max_step"] for k, v in layers.items() if v["max_step"] > 1}
         assert not worst, worst
+        assert adds and all(layers[k]["max_step"] == 0 for k in adds), {k: layers[k] for k in adds}  # ORT's add
         ours = imported.graph([x])
         steps = np.abs(ours - ort["y"]) / imported.out_scale
         assert steps.max() <= 3.5, steps.max()
@@ -278,14 +281,14 @@ def test_packed_layout_equals_the_reference_and_nhwc(packable, fmt):
     epilogues = {gv.name_hint: f.script() for gv, f in packed.workload.mod.functions_items()
                  if "requantize" in gv.name_hint}
     # requantize in float32, the residual add's rescales in int32 lanes: no int64 multiply left
-    assert any("add_requantize" in n for n in epilogues), list(epilogues)
+    assert any("qlinear_add" in n for n in epilogues), list(epilogues)
     assert not [n for n, s in epilogues.items() if "q_multiply_shift" in s]
     target = tvm.target.Target("llvm")
     outs = {}
     for imp in (packed, plain):
         vm = make_vm(compile_workload(imp.workload, target, None), target)
         outs[imp.layout] = [vm["main"](tvm.runtime.tensor(x)).numpy() for x in _inputs(imp)]
-    assert isinstance(packed.graph, FloatRequantizeGraph) and not isinstance(plain.graph, FloatQuantGraph)
+    assert isinstance(packed.graph, FloatQuantGraph) and not isinstance(plain.graph, FloatQuantGraph)
     for ours, theirs, x in zip(outs["nchwc"], outs["nhwc"], _inputs(packed)):
         np.testing.assert_array_equal(ours, packed.graph([x]))
         np.testing.assert_array_equal(theirs, plain.graph([x]))

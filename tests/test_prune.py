@@ -42,3 +42,14 @@ def test_prune_refuses_a_database_a_killed_run_left(tmp_path):
     with pytest.raises(ValueError, match="incomplete; run 'tvm-ext tune'"):
         prune(work_dir)
     assert (tmp_path / "wd" / D.RECORDS).read_bytes() == before
+
+
+def test_a_task_the_workload_no_longer_has_leaves_no_module_file(tmp_path):
+    """A change of the workload's code that renames a task (``..._add_requantize4`` became
+    ``..._qlinear_add2``): the old task's stored module goes, the records stay for prune."""
+    work_dir = str(tmp_path / "wd")
+    toy_work_dir(work_dir, {"old": _mod(lambda x: x + 1), "kept": _mod(lambda x: x - 5)})
+    tasks = [Task("kept", 1, _mod(lambda x: x - 5)), Task("new", 1, _mod(lambda x: x * 3))]
+    save_tasks(work_dir, D.read_meta(work_dir), tasks)
+    files = sorted(p.name for p in (tmp_path / "wd" / "tasks").iterdir())
+    assert files == ["000_kept.json", "001_new.json"], files

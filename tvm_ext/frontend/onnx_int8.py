@@ -34,7 +34,7 @@ import numpy as np
 from tvm_ext.int8_path import LAYOUTS
 from tvm_ext.workloads.base import Workload
 from tvm_ext.workloads.qnn import QuantGraph
-from tvm_ext.workloads.qnn_float import FloatRequantizeGraph
+from tvm_ext.workloads.qnn_float import FloatQuantGraph
 from tvm_ext.workloads.qnn_packed import PackedEmitter
 
 from . import onnx_nodes
@@ -175,8 +175,8 @@ def emit(graph: QuantGraph, layout: str, target=None):
 
     The packed layouts requantize in float32 as ONNX defines QLinearConv and ORT computes it
     (``qnn_float``: 16 lanes a vector where the fixed point's int64 multiplies run 8); their
-    reference is then ``qnn_float.FloatRequantizeGraph``, whose residual adds keep the fixed
-    point (ORT's are integer too). ``nhwc`` and ``s8`` keep the fixed point throughout."""
+    reference is then the graph's ``qnn_float.FloatQuantGraph`` view. ``nhwc`` and ``s8`` keep the
+    fixed-point requantize. Every layout adds as ORT does (``qnn_ort``)."""
     from tvm_ext.int8_path import best_layout  # pylint: disable=import-outside-toplevel
     from tvm_ext.targets import host_target  # pylint: disable=import-outside-toplevel
     from tvm_ext.workloads.qnn_amx import AMXEmitter  # pylint: disable=import-outside-toplevel
@@ -187,7 +187,7 @@ def emit(graph: QuantGraph, layout: str, target=None):
     auto = layout == "auto"
     if auto:  # with 7-bit weights assumed; checked below once the graph is packed
         layout = best_layout(target, weights_fit_int16=True)[0]
-    floats = FloatRequantizeGraph.of(graph)
+    floats = FloatQuantGraph.of(graph)  # an imported graph's adds are qnn_ort's: only its requantize changes
     emitters = {"amx": lambda: AMXEmitter.for_graph(floats), "nchwc": lambda: PackedEmitter.for_graph(floats),
                 "s8": SignedEmitter}
     fallback = {"amx": "nchwc", "nchwc": "nhwc", "s8": "nhwc"}  # where auto goes when a layout cannot be emitted

@@ -18,10 +18,10 @@ A QOperator node (QLinearConv, ...) is the same op on a ``View`` followed by ``f
 Rounding: our requantize multiplies by a 31-bit fixed-point multiplier derived from the
 float scales (``qnn.fixed_point``) and rounds half up; ORT computes ``acc * scale`` in
 float32 and rounds half to even. Where a value falls within a float32 rounding error of
-a .5 boundary the two differ by one step. A residual add requantizes both inputs to 16
-fractional bits and rounds their sum once, half up, like ORT's float QLinearAdd (rounding
-each input separately, as the built-in ResNet-50 does, differed from ORT by one step in
-~22% of MobileNetV2's add outputs; measured per layer, convs differed in none).
+a .5 boundary the two differ by one step (the packed layouts requantize in float32 as ORT:
+``onnx_int8.emit``). A residual add is ORT's own arithmetic, bit for bit (``qnn_ort``: float32
+ratios and two FMAs; the fixed-point adds before, 16 fractional bits per term, were one step
+off ORT's in near-ties).
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tvm_ext.workloads.qnn import QuantGraph, Value, fixed_point
+from tvm_ext.workloads.qnn_ort import qlinear_add_consts
 
 INF = float("inf")
-ADD_FRAC_BITS = 16  # residual adds keep 16 fractional bits per term and round the sum once, as ORT
 
 
 @dataclass
@@ -157,10 +157,9 @@ class Steps:
                          zp=zp, zp_out=zp, **bounds, **left)
         elif p.kind == "add":
             a, b = p.inputs
-            (ma, ra, la), (mb, rb, lb) = (multiplier(np.full(c, v.scale / scale)) for v in (a, b))
-            shifts = {k: int(v[0]) for k, v in (("lshift_a", la), ("lshift_b", lb)) if v[0]}
-            out = g.step(p.name, "add_requantize", [a.value, b.value], [ma, ra, mb, rb], zp=zp, zp_a=a.zp,
-                         zp_b=b.zp, zp_out=zp, frac_bits=ADD_FRAC_BITS, **bounds, **shifts)
+            shift = {"shift": 128} if signed and a.signed and b.signed else {}  # ORT adds int8 tensors' int8 values
+            consts = qlinear_add_consts(a.scale, a.zp, b.scale, b.zp, scale, zp, c, shift.get("shift", 0))
+            out = g.step(p.name, "qlinear_add", [a.value, b.value], consts, zp=zp, **bounds, **shift)
         elif p.kind == "view":
             (x,) = p.inputs
             if x.scale == scale and x.zp == zp and not bounds:

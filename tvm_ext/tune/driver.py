@@ -47,7 +47,8 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
     A stored module that differs from the task's (the workload's code changed a task's TIR,
     its name staying the same) is replaced: reports, the per-layer bench and the estimate
     must look up the records of the module that is tuned and compiled now, not the old one's
-    (whose records stay in the database, unused)."""
+    (whose records stay in the database, unused). The file of a task that is gone (renamed by a
+    change of the workload's code) is removed: saved, it would only be carried along."""
     entries = []
     kept = {e["name"]: {k: e[k] for k in ("tuning_s", "node") if k in e} for e in meta.get("tasks", [])}
     for i, task in enumerate(tasks):
@@ -67,6 +68,11 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
         entries.append(entry)
     meta["tasks"] = entries
     write_meta(work_dir, meta)
+    listed = {os.path.basename(e["file"]) for e in entries}
+    stored = os.path.join(work_dir, "tasks")
+    for name in os.listdir(stored) if os.path.isdir(stored) else []:  # modules of tasks no longer the workload's
+        if name.removesuffix(packed.GZ) not in listed:
+            os.remove(os.path.join(stored, name))
 
 
 def load_tasks(work_dir: str, meta: dict) -> list[Task]:

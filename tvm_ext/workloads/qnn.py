@@ -13,8 +13,9 @@ import numpy as np
 import tvm
 from tvm import relax, te, topi
 
-from . import qnn_reference as ref
+from . import qnn_ort, qnn_reference as ref
 from .qnn_rescale import _qmsa_int32, _shl, int32_rescale_fits  # noqa: F401  (qnn's API)
+from .qnn_te import _per_channel
 
 Q = 31  # fractional bits of the fixed-point multipliers
 
@@ -66,18 +67,6 @@ def _pad_hw(data, pad, value, name, spatial=NHWC_SPATIAL):
     before, after = [0] * len(data.shape), [0] * len(data.shape)
     (before[spatial[0]], before[spatial[1]]), (after[spatial[0]], after[spatial[1]]) = (top, left), (bottom, right)
     return topi.nn.pad(data, before, after, pad_value=value, name=name)
-
-
-def _per_channel(const, idx, channel_axes):
-    """Element of a per-channel constant at output index ``idx``.
-
-    ``const`` has either the output's rank, with extent 1 on every axis but the channel
-    axes (e.g. ``(1, 1, 1, C)``), or one axis per channel axis (e.g. ``(C,)``; packed:
-    ``(C // cb, cb)`` for ``channel_axes`` (1, 4) of NCHW[cb]c).
-    """
-    if len(const.shape) == len(idx):
-        return const(*(idx[a] if a in channel_axes else 0 for a in range(len(idx))))
-    return const(*(idx[a] for a in channel_axes))
 
 
 def conv2d_nhwc(data, weight, *, stride=1, pad=0, zp_in=0, groups=1):
@@ -461,11 +450,8 @@ class QuantGraph:
 
     def to_relax(self, fused: bool = True, emitter=None) -> tvm.IRModule:
         """The graph as a Relax module whose ``main`` takes the inputs; weights are constants.
-
-        ``emitter`` decides how inputs and steps become Relax bindings: the default
-        emits every step as the NHWC TE op of the same name in this module;
-        ``qnn_packed.PackedEmitter`` emits the same graph in the packed VNNI layouts.
-        """
+        ``emitter``: how steps become Relax bindings (default ``NHWCEmitter``; ``qnn_packed``'s
+        emits the same graph in the packed VNNI layouts)."""
         emitter = emitter or NHWCEmitter()
         bb = relax.BlockBuilder()
         params = [
@@ -493,8 +479,9 @@ class NHWCEmitter:
         return var
 
     def step(self, bb, step: _Step, args):
+        op = globals().get(step.op) or getattr(qnn_ort, step.op)  # qnn_ort: an imported model's add
         consts = [relax.const(c) for c in step.consts]
-        return bb.emit_te(globals()[step.op], *args, *consts, primfunc_name_hint=step.op, **step.attrs)
+        return bb.emit_te(op, *args, *consts, primfunc_name_hint=step.op, **step.attrs)
 
     def output(self, bb, value):  # pylint: disable=unused-argument
         return value

@@ -18,8 +18,7 @@ rows of [16 outputs][4 inputs]. So, compared with the VNNI emission of ``qnn_pac
   per vector where the fixed point's ``q_multiply_shift`` runs 8 in int64; the residual tasks'
   epilogue was most of their time once AMX made the convs fast), and the requantize feeding a
   residual add is computed inside the add (``fold_requantize``: no uint8 round trip). Imported
-  models requantize in float32 too but keep their adds in the fixed point, as ORT computes them
-  (``qnn_float.FloatRequantizeGraph``), with the two rescales in int32 lanes (``qnn._qmsa_int32``);
+  models requantize in float32 too; their adds are ORT's own arithmetic (``qnn_ort``);
 * an imported model's convs that are grouped or whose outputs are not a multiple of 64
   (``tvm-ext import --layout amx``) are emitted as ``qnn_packed`` does (16-lane blocks),
   and convs reading them are left to VNNI by the AMX rule.
@@ -83,10 +82,10 @@ def conv2d_nchwc_acc_ob(data: te.Tensor, weight: te.Tensor, *, stride=1, pad=0,
 class AMXEmitter(PackedEmitter):
     """``PackedEmitter`` with 64-channel activation blocks (see the module doc), with
     ``fold_requantize`` the residual adds' conv requantize folded into them. ``float_epilogues``
-    and ``float_adds`` as ``PackedEmitter``'s (``for_graph`` picks them from the graph)."""
+    as ``PackedEmitter``'s (``for_graph`` picks it from the graph)."""
 
-    def __init__(self, fold_requantize: bool = False, float_epilogues: bool = False, float_adds: bool | None = None):
-        super().__init__(float_epilogues, float_adds)
+    def __init__(self, fold_requantize: bool = False, float_epilogues: bool = False):
+        super().__init__(float_epilogues)
         # on for resnet50-int8-amx only: in an imported ResNet-50 the folded add of a
         # projection block took the shortcut's conv into its fused function, and FuseOps left
         # the main conv alone, its int32 accumulator written out (4 such tasks)

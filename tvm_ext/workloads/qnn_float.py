@@ -28,14 +28,12 @@ exports them); ``requantize_consts`` and ``add_consts`` derive the float ones, a
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import te
 
 from . import qnn_reference as ref
-from .qnn import QuantGraph, _per_channel, const_scalar
+from .qnn import QuantGraph, const_scalar
+from .qnn_te import _per_channel, _rint_clipped
 
-MAGIC = 12582912.0  # 1.5 * 2**23: x + MAGIC has rint(x) in its low mantissa bits, |x| <= 2**22
-MAGIC_BITS = 0x4B400000  # the int32 bits of MAGIC
 ADD_SCALE_BITS = 15  # significant bits of a residual add's scales: 15 + 8 <= float32's 24
 
 
@@ -65,13 +63,6 @@ def add_consts(mult_a, rshift_a, mult_b, rshift_b, *, lshift_a=0, lshift_b=0, fr
 
 
 # ----------------------------------------------------------------------------- TE
-def _rint_clipped(x, lo, hi, zp):
-    """int32 ``clip(rint(x), lo - zp, hi - zp)`` of float32 ``x``, without its ``+ zp``."""
-    f32 = lambda v: tvm.tirx.const(float(v), "float32")  # noqa: E731
-    xc = tvm.tirx.max(tvm.tirx.min(x, f32(int(hi) - int(zp))), f32(int(lo) - int(zp)))
-    return tvm.tirx.reinterpret("int32", xc + f32(MAGIC)) - tvm.tirx.const(MAGIC_BITS, "int32")
-
-
 def _requantized(acc, idx, at, offset, scale, zp, lo, hi):
     """``requantize_f32``'s value at ``idx`` minus its zero point: int32 in [lo - zp, hi - zp]."""
     return _rint_clipped((acc(*idx) + at(offset)).astype("float32") * at(scale), lo, hi, zp)
@@ -163,7 +154,6 @@ class FloatQuantGraph(QuantGraph):
     residual add steps compute in float32: its NumPy reference (see the module doc)."""
 
     reference = _Reference()
-    float_adds = True  # the residual adds in float32 too
 
     @classmethod
     def of(cls, graph: QuantGraph) -> "FloatQuantGraph":
@@ -173,22 +163,5 @@ class FloatQuantGraph(QuantGraph):
         return view
 
 
-class _RequantizeReference(_Reference):
-    """``_Reference`` with the fixed-point residual add."""
-
-    add_requantize = staticmethod(ref.add_requantize)
-
-
-class FloatRequantizeGraph(FloatQuantGraph):
-    """``FloatQuantGraph`` whose residual adds stay in the graph's fixed point: an imported
-    model's. ONNX Runtime requantizes a conv in float32 but adds in integers on x86 (MLAS's
-    QLinearAdd), which the import's 16-fractional-bit adds reproduce; a float add, one step off
-    in ~0.01 % of its outputs, sent a random-weight ResNet-50 at 32x32 to 71 % of its outputs
-    off ORT's where this form keeps 0 %."""
-
-    reference = _RequantizeReference()
-    float_adds = False
-
-
-__all__ = ["FloatQuantGraph", "FloatRequantizeGraph", "add_consts", "add_requantize_f32", "add_scale",
-           "requantize_add_requantize_f32", "requantize_consts", "requantize_f32"]
+__all__ = ["FloatQuantGraph", "add_consts", "add_requantize_f32", "add_scale", "requantize_add_requantize_f32",
+           "requantize_consts", "requantize_f32"]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from tvm import relax, te, tirx
 
-from . import qnn, qnn_float
+from . import qnn, qnn_float, qnn_ort
 from .qnn_vnni import (OC_BLOCK, channel_block, conv2d_nchwc_acc, dense_acc, depthwise_nchwc_acc, pack_conv_weight,
                        pack_dense_weight, pack_depthwise_weight, pairs_fit_int16)
 
@@ -126,17 +126,15 @@ class PackedEmitter:
     """Emits the steps of a QuantGraph on packed tensors (see the module doc). ``unfit``
     counts the convs and denses whose weights do not pass ``pairs_fit_int16`` (no AVX2 form)."""
 
-    def __init__(self, float_epilogues: bool = False, float_adds: bool | None = None):
+    def __init__(self, float_epilogues: bool = False):
         self.unfit = 0
-        self.float_epilogues = float_epilogues  # requantize in float32 (qnn_float)
-        self.float_adds = float_epilogues if float_adds is None else float_adds  # residual adds too
+        self.float_epilogues = float_epilogues  # requantize and residual adds in float32 (qnn_float)
 
     @classmethod
     def for_graph(cls, graph, **kwargs):
         """The emitter whose arithmetic is ``graph``'s reference: float32 epilogues for a
-        ``qnn_float.FloatQuantGraph`` (its adds as the graph says), the fixed point otherwise."""
-        floats = isinstance(graph, qnn_float.FloatQuantGraph)
-        return cls(**kwargs, float_epilogues=floats, float_adds=floats and graph.float_adds)
+        ``qnn_float.FloatQuantGraph``, the fixed point otherwise."""
+        return cls(**kwargs, float_epilogues=isinstance(graph, qnn_float.FloatQuantGraph))
 
     def _fits(self, weight) -> bool:
         fits = pairs_fit_int16(weight)
@@ -220,16 +218,14 @@ class PackedEmitter:
                          channel_axes=acc.channel_axes, primfunc_name_hint="requantize")
         return replace(acc, var=out)
 
-    # fixed-point residual adds (an imported model's: the built-in networks add in float32) rescale
-    # their two inputs in int32 lanes where that is exact (qnn._qmsa_int32): 16 lanes, not int64's 8
+    # fixed-point residual adds rescale their two inputs in int32 lanes where that is exact
+    # (qnn._qmsa_int32): 16 lanes, not int64's 8
     int32_rescale = True
 
     def _add_requantize(self, bb, a, b: Packed, *consts, **zps) -> Packed:
         acc = a.acc if isinstance(a, Deferred) else a
         assert (acc.channels, acc.cb) == (b.channels, b.cb)
-        if isinstance(a, Deferred) and self.float_adds != self.float_epilogues:
-            raise ValueError("a requantize folded into its add takes float32 epilogues for both or neither")
-        if self.float_adds:
+        if self.float_epilogues:
             shifts = {k: zps.pop(k) for k in ("lshift_a", "lshift_b", "frac_bits") if k in zps}
             consts = qnn_float.add_consts(*consts, **shifts)
             add, fused = qnn_float.add_requantize_f32, qnn_float.requantize_add_requantize_f32
@@ -251,6 +247,13 @@ class PackedEmitter:
             out = bb.emit_te(add, a.var, b.var, *consts, **zps, channel_axes=a.channel_axes,
                              primfunc_name_hint="add_requantize")
         return replace(acc, var=out)
+
+    def _qlinear_add(self, bb, a: Packed, b: Packed, *consts, **attrs) -> Packed:
+        """An imported model's add, as ONNX Runtime computes it (``qnn_ort``), on packed tensors."""
+        assert (a.channels, a.cb) == (b.channels, b.cb)
+        out = bb.emit_te(qnn_ort.qlinear_add, a.var, b.var, *(relax.const(a.per_channel(c)) for c in consts),
+                         **attrs, channel_axes=a.channel_axes, primfunc_name_hint="qlinear_add")
+        return replace(a, var=out)
 
     def _max_pool2d(self, bb, x: Packed, **attrs) -> Packed:
         out = bb.emit_te(qnn.max_pool2d, x.var, **attrs, spatial=NCHWC_SPATIAL, primfunc_name_hint="max_pool2d")

@@ -94,6 +94,22 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
     return np.clip(total + np.int32(zp_out), lo, hi).astype(np.uint8)
 
 
+def fma32(a, b, c) -> np.ndarray:
+    """float32 ``fma(a, b, c)`` of float32 operands: the product of a value of at most 9
+    significant bits and a float32 is exact in float64, and so is its sum with a float32 of
+    a nearby exponent (within 53 bits: scale ratios down to ~2**-20), so one rounding to
+    float32 is the FMA's."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+def qlinear_add(a, b, ratio_a, ratio_b, fixed, *, lo=0, hi=255, shift=0):
+    """ONNX Runtime's residual add (``qnn_ort``): ``clip(rint(fma(a', r_a, fma(b', r_b, F))) + shift,
+    lo, hi)`` with ``x' = x - shift``, constants per channel on the last axis."""
+    fa, fb = ((x.astype(np.int32) - shift).astype(np.float32) for x in (a, b))
+    x = fma32(fa, ratio_a, fma32(fb, ratio_b, fixed))
+    return (np.clip(np.rint(x), lo - shift, hi - shift) + shift).astype(np.uint8)
+
+
 def max_pool2d(data, *, size=3, stride=2, pad=1):
     """Max pool over H and W of uint8 NHWC data, padding with 0 (the uint8 minimum)."""
     (kh, kw), (sh, sw) = _pair(size), _pair(stride)
