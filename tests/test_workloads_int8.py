@@ -60,39 +60,6 @@ def test_q_multiply_shift_per_axis_rounding_matches_tvm():
     np.testing.assert_array_equal(tensors[-1].numpy(), expected)
 
 
-@pytest.mark.parametrize("pre", [0, 7, 16, 18])
-def test_int32_rescale_equals_the_int64_one_on_every_input(pre):
-    """qnn._qmsa_int32 compiled by TVM against the int64 reference of q_multiply_shift on
-    (d << pre) for every d a residual add's input can take (uint8 - zp: -255..255), with
-    multipliers at 0, 1, the 16-bit split and 2**31 - 1 and right shifts where the result
-    becomes 0; pre 0 and 7 take the shifted form, 16 (an imported model's 16 fractional
-    bits) and 18 the unshifted one."""
-    rng = np.random.default_rng(3)
-    d_np = np.arange(-255, 256, dtype="int32")[:, None]
-    c = 32
-    mult_np = np.concatenate([[0, 1, 65535, 65536, 2**30, 2**31 - 1],
-                              rng.integers(0, 2**31, c - 6)]).astype("int32")
-    low = max(0, pre - 21)  # the unshifted form needs rshift + 31 - pre >= 10
-    rshift_np = np.concatenate([[low, 15, 16, 17, 30, low + 1], rng.integers(low, low + 6, c - 6)]).astype("int32")
-    assert qnn.int32_rescale_fits(mult_np, rshift_np, pre)
-    d = te.placeholder(d_np.shape, "int32", name="d")
-    mult, rshift = (te.placeholder((c,), "int32", name=s) for s in ("m", "r"))
-    out = te.compute((d_np.shape[0], c), lambda i, j: qnn._qmsa_int32(d[i, 0], mult[j], rshift[j], pre), name="out")
-    lib = tvm.compile(te.create_prim_func([d, mult, rshift, out]), target=LLVM)
-    got = tvm.runtime.tensor(np.zeros((d_np.shape[0], c), "int32"))
-    lib(tvm.runtime.tensor(d_np), tvm.runtime.tensor(mult_np), tvm.runtime.tensor(rshift_np), got)
-    expected = qnn_reference.q_multiply_shift_per_axis(d_np.astype(np.int64) << pre, mult_np, 0, rshift_np)
-    np.testing.assert_array_equal(got.numpy(), expected)
-    assert len(np.unique(expected)) > 100  # not all rounded away
-
-
-def test_int32_rescale_fits_only_where_exact():
-    mult, rshift = np.array([2**30, 2**31 - 1], "int32"), np.array([0, 3], "int32")
-    assert qnn.int32_rescale_fits(mult, rshift, 7) and qnn.int32_rescale_fits(mult, rshift, 8)  # both forms
-    assert qnn.int32_rescale_fits(mult, rshift, 21) and not qnn.int32_rescale_fits(mult, rshift, 22)
-    assert not qnn.int32_rescale_fits(-mult, rshift, 0) and not qnn.int32_rescale_fits(mult, -rshift - 1, 0)
-
-
 def test_requantize_reference_matches_tvm_where_int32_overflows():
     """qnn.requantize compiled by TVM against qnn_reference.requantize, bit for bit, on
     accumulators at the int32 limits: ``acc - zp_corr + bias`` wraps (a plain int64
@@ -130,8 +97,8 @@ def test_requantize_reference_matches_tvm_where_int32_overflows():
     np.testing.assert_array_equal(expected[128:134], [99, 100, 100, 100, 101, 101])  # x/8, half up
 
 
-@pytest.mark.parametrize("int32_rescale,lo,hi", [(True, 0, 255), (False, 0, 255), (True, 0, 200), (False, 20, 255)])
-def test_requantize_folded_into_the_add_equals_the_two_steps(int32_rescale, lo, hi):
+@pytest.mark.parametrize("lo,hi", [(0, 255), (0, 200), (20, 255)])
+def test_requantize_folded_into_the_add_equals_the_two_steps(lo, hi):
     """qnn.requantize_add_requantize (the AMX layout's residual epilogue: the requantize kept
     in int32, no uint8 round trip) compiled by TVM equals the NumPy reference of the two
     recorded steps, requantize then add_requantize, bit for bit: accumulators driving the
@@ -154,8 +121,7 @@ def test_requantize_folded_into_the_add_equals_the_two_steps(int32_rescale, lo, 
     holders = [te.placeholder(a.shape, "int32", name=f"r{i}") for i, a in enumerate(consts)]
     b = te.placeholder(b_np.shape, "uint8", name="b")
     add_holders = [te.placeholder((c,), "int32", name=f"a{i}") for i in range(4)]
-    out = qnn.requantize_add_requantize(*holders, b, *add_holders, zp_req=113, lo_req=lo, hi_req=hi, **zps,
-                                        int32_rescale=int32_rescale)
+    out = qnn.requantize_add_requantize(*holders, b, *add_holders, zp_req=113, lo_req=lo, hi_req=hi, **zps)
     lib = tvm.compile(te.create_prim_func([*holders, b, *add_holders, out]), target=LLVM)
     got = tvm.runtime.tensor(np.zeros((n, c), "uint8"))
     lib(*(tvm.runtime.tensor(a) for a in [*consts, b_np, *add]), got)

@@ -256,8 +256,7 @@ def _qdq_add(e, a, b, step) -> str:
     what the built-in networks' float epilogues multiply by), Add, QuantizeLinear."""
     from tvm_ext.workloads.qnn_float import add_consts  # pylint: disable=import-outside-toplevel
 
-    shifts = {k: step.attrs[k] for k in ("lshift_a", "lshift_b", "frac_bits") if k in step.attrs}
-    sa, sb = (np.float32(v.flat[0]) for v in add_consts(*step.consts, **shifts))
+    sa, sb = (np.float32(v.flat[0]) for v in add_consts(*step.consts))
     af = _dq(e, a, sa, np.uint8(step.attrs["zp_a"]), "a_dq")
     bf = _dq(e, b, sb, np.uint8(step.attrs["zp_b"]), "b_dq")
     return _quantized(e, e.node("Add", [af, bf], step.name + "_sum"), step)

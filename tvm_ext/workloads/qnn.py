@@ -14,8 +14,7 @@ import tvm
 from tvm import relax, te, topi
 
 from . import qnn_ort, qnn_reference as ref
-from .qnn_rescale import _qmsa_int32, _shl, int32_rescale_fits  # noqa: F401  (qnn's API)
-from .qnn_te import _per_channel
+from .qnn_te import _per_channel, _shl
 
 Q = 31  # fractional bits of the fixed-point multipliers
 
@@ -138,19 +137,12 @@ def _requantized(acc, idx, axes, zp_corr, bias, mult, lshift, rshift, zp_out, le
 
 
 def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
-                   lshift_a=0, lshift_b=0, frac_bits=0, channel_axes=None, int32_rescale=False):
-    """Residual add of two uint8 tensors, each requantized to the output scale.
-
-    Per-channel constants as in :func:`requantize` (``(C,)`` on the last axis by default);
-    ``lshift_a``/``lshift_b`` multiply an input by a power of two first (scale ratios >= 1);
-    ``frac_bits`` keeps that many fractional bits in both terms and rounds their sum once
-    (half up), as ONNX Runtime's float QLinearAdd does, instead of rounding each term.
-    ``int32_rescale``: the two rescales in int32 lanes (:func:`_qmsa_int32`, the same
-    values; the caller checks :func:`int32_rescale_fits`). Off by default: it changes the
-    TIR, and so the databases, of the layouts tuned before it existed.
-    """
+                   channel_axes=None):
+    """Residual add of two uint8 tensors, each requantized to the output scale (the seed's:
+    each term rounded, half up). Per-channel constants as in :func:`requantize` (``(C,)`` on
+    the last axis by default). An imported model adds as ORT does instead (``qnn_ort``)."""
     axes = channel_axes or (len(a.shape) - 1,)
-    rescale = (mult_a, rshift_a, mult_b, rshift_b, zp_out, lo, hi, lshift_a, lshift_b, frac_bits, int32_rescale)
+    rescale = (mult_a, rshift_a, mult_b, rshift_b, zp_out, lo, hi)
 
     def _body(*idx):
         da, db = a(*idx).astype("int32") - int(zp_a), b(*idx).astype("int32") - int(zp_b)
@@ -161,7 +153,7 @@ def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_o
 
 def requantize_add_requantize(acc, zp_corr, bias, mult, lshift, rshift, b, mult_a, rshift_a, mult_b, rshift_b, *,
                               zp_req, lo_req=0, hi_req=255, left_req=0, zp_a, zp_b, zp_out, lo=0, hi=255,
-                              lshift_a=0, lshift_b=0, frac_bits=0, channel_axes=None, int32_rescale=False):
+                              channel_axes=None):
     """:func:`add_requantize` whose input ``a`` is :func:`requantize` of ``acc`` (its
     ``zp_out``, ``lo``, ``hi``, ``left`` given as ``zp_req``, ``lo_req``, ``hi_req``,
     ``left_req``), with that uint8 value kept in int32: the same numbers
@@ -169,7 +161,7 @@ def requantize_add_requantize(acc, zp_corr, bias, mult, lshift, rshift, b, mult_
     the uint8 round trip a fused requantize -> add otherwise has (measured on the AMX layout's
     residual tasks: 5-13 % of the task)."""
     axes = channel_axes or (len(acc.shape) - 1,)
-    rescale = (mult_a, rshift_a, mult_b, rshift_b, zp_out, lo, hi, lshift_a, lshift_b, frac_bits, int32_rescale)
+    rescale = (mult_a, rshift_a, mult_b, rshift_b, zp_out, lo, hi)
 
     def _body(*idx):
         u = _requantized(acc, idx, axes, zp_corr, bias, mult, lshift, rshift, zp_req, left_req, lo_req, hi_req)
@@ -179,19 +171,10 @@ def requantize_add_requantize(acc, zp_corr, bias, mult, lshift, rshift, b, mult_
     return te.compute(acc.shape, _body, name="T_add")
 
 
-def _added(da, db, at, mult_a, rshift_a, mult_b, rshift_b, zp_out, lo, hi, lshift_a, lshift_b, frac_bits,
-           int32_rescale):
+def _added(da, db, at, mult_a, rshift_a, mult_b, rshift_b, zp_out, lo, hi):
     """The residual add of the two inputs' offsets ``da``, ``db`` (int32), as uint8."""
     zero = tvm.tirx.const(0, "int32")
-    pa, pb = lshift_a + frac_bits, lshift_b + frac_bits
-    if int32_rescale:
-        ra, rb = _qmsa_int32(da, at(mult_a), at(rshift_a), pa), _qmsa_int32(db, at(mult_b), at(rshift_b), pb)
-    else:
-        ra = _qmsa(_shl(da, pa), at(mult_a), zero, at(rshift_a))
-        rb = _qmsa(_shl(db, pb), at(mult_b), zero, at(rshift_b))
-    total = ra + rb
-    if frac_bits:
-        total = tvm.tirx.shift_right(total + (1 << (frac_bits - 1)), tvm.tirx.const(frac_bits, "int32"))
+    total = _qmsa(da, at(mult_a), zero, at(rshift_a)) + _qmsa(db, at(mult_b), zero, at(rshift_b))
     return _clip_u8(total + const_scalar(zp_out)[()], lo, hi)
 
 

@@ -46,20 +46,16 @@ def requantize_consts(zp_corr, bias, mult, lshift, rshift, left=0) -> tuple[np.n
     return offset, (np.asarray(mult, np.float64) * np.exp2(exponent)).astype(np.float32)
 
 
-def add_scale(mult, rshift, lshift=0) -> np.ndarray:
-    """A residual add input's scale ``mult * 2**(lshift - 31 - rshift)`` rounded to
-    ``ADD_SCALE_BITS`` significant bits, as float32."""
-    frac, exp = np.frexp(np.asarray(mult, np.float64) * np.exp2(lshift - 31 - np.asarray(rshift, np.int64)))
+def add_scale(mult, rshift) -> np.ndarray:
+    """A residual add input's scale ``mult * 2**(-31 - rshift)`` rounded to ``ADD_SCALE_BITS``
+    significant bits, as float32."""
+    frac, exp = np.frexp(np.asarray(mult, np.float64) * np.exp2(-31 - np.asarray(rshift, np.int64)))
     return np.ldexp(np.round(frac * 2.0**ADD_SCALE_BITS), exp - ADD_SCALE_BITS).astype(np.float32)
 
 
-def add_consts(mult_a, rshift_a, mult_b, rshift_b, *, lshift_a=0, lshift_b=0, frac_bits=0):
-    """(scale_a, scale_b) of a fixed-point residual add's constants. ``frac_bits`` (an imported
-    model's adds: both terms kept to that many fractional bits, their sum rounded once) does
-    not change the scales: the float form always rounds the sum once, which is what those
-    bits approximate in fixed point."""
-    del frac_bits
-    return add_scale(mult_a, rshift_a, lshift_a), add_scale(mult_b, rshift_b, lshift_b)
+def add_consts(mult_a, rshift_a, mult_b, rshift_b):
+    """(scale_a, scale_b) of a fixed-point residual add's constants."""
+    return add_scale(mult_a, rshift_a), add_scale(mult_b, rshift_b)
 
 
 # ----------------------------------------------------------------------------- TE
@@ -129,11 +125,9 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255
     return (_rint_clipped_np(x, lo, hi, zp_out) + int(zp_out)).astype(np.uint8)
 
 
-def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
-                   lshift_a=0, lshift_b=0, frac_bits=0):
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255):
     """``qnn_reference.add_requantize``'s signature, float32 arithmetic (``add_requantize_f32``)."""
-    sa, sb = add_consts(mult_a, rshift_a, mult_b, rshift_b, lshift_a=lshift_a, lshift_b=lshift_b,
-                        frac_bits=frac_bits)
+    sa, sb = add_consts(mult_a, rshift_a, mult_b, rshift_b)
     fa = (a.astype(np.int32) - np.int32(zp_a)).astype(np.float32) * sa
     fb = (b.astype(np.int32) - np.int32(zp_b)).astype(np.float32) * sb
     return (_rint_clipped_np(fa + fb, lo, hi, zp_out) + int(zp_out)).astype(np.uint8)

@@ -218,23 +218,13 @@ class PackedEmitter:
                          channel_axes=acc.channel_axes, primfunc_name_hint="requantize")
         return replace(acc, var=out)
 
-    # fixed-point residual adds rescale their two inputs in int32 lanes where that is exact
-    # (qnn._qmsa_int32): 16 lanes, not int64's 8
-    int32_rescale = True
-
     def _add_requantize(self, bb, a, b: Packed, *consts, **zps) -> Packed:
         acc = a.acc if isinstance(a, Deferred) else a
         assert (acc.channels, acc.cb) == (b.channels, b.cb)
         if self.float_epilogues:
-            shifts = {k: zps.pop(k) for k in ("lshift_a", "lshift_b", "frac_bits") if k in zps}
-            consts = qnn_float.add_consts(*consts, **shifts)
+            consts = qnn_float.add_consts(*consts)
             add, fused = qnn_float.add_requantize_f32, qnn_float.requantize_add_requantize_f32
         else:
-            mult_a, rshift_a, mult_b, rshift_b = consts
-            frac = zps.get("frac_bits", 0)
-            if self.int32_rescale and qnn.int32_rescale_fits(mult_a, rshift_a, zps.get("lshift_a", 0) + frac) \
-                    and qnn.int32_rescale_fits(mult_b, rshift_b, zps.get("lshift_b", 0) + frac):
-                zps = dict(zps, int32_rescale=True)
             add, fused = qnn.add_requantize, qnn.requantize_add_requantize
         consts = [relax.const(acc.per_channel(c)) for c in consts]
         if isinstance(a, Deferred):  # the requantize computed here, kept in int32

@@ -82,16 +82,11 @@ def requantize(acc, zp_corr, bias, mult, lshift, rshift, *, zp_out, lo=0, hi=255
     return np.clip(y, lo, hi).astype(np.uint8)
 
 
-def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255,
-                   lshift_a=0, lshift_b=0, frac_bits=0):
-    """Residual add of two uint8 tensors, each requantized to the output scale
-    (with ``frac_bits``: to that many fractional bits, the sum rounded once, half up)."""
-    ra = q_multiply_shift_per_axis((a.astype(np.int32) - np.int32(zp_a)) << (lshift_a + frac_bits), mult_a, 0, rshift_a)
-    rb = q_multiply_shift_per_axis((b.astype(np.int32) - np.int32(zp_b)) << (lshift_b + frac_bits), mult_b, 0, rshift_b)
-    total = ra + rb
-    if frac_bits:
-        total = (total + np.int32(1 << (frac_bits - 1))) >> frac_bits
-    return np.clip(total + np.int32(zp_out), lo, hi).astype(np.uint8)
+def add_requantize(a, b, mult_a, rshift_a, mult_b, rshift_b, *, zp_a, zp_b, zp_out, lo=0, hi=255):
+    """Residual add of two uint8 tensors, each requantized to the output scale."""
+    ra = q_multiply_shift_per_axis(a.astype(np.int32) - np.int32(zp_a), mult_a, 0, rshift_a)
+    rb = q_multiply_shift_per_axis(b.astype(np.int32) - np.int32(zp_b), mult_b, 0, rshift_b)
+    return np.clip(ra + rb + np.int32(zp_out), lo, hi).astype(np.uint8)
 
 
 def fma32(a, b, c) -> np.ndarray:

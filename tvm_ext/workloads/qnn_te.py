@@ -1,11 +1,17 @@
 """TE helpers the quantized ops share (``qnn``, ``qnn_float``, ``qnn_ort``): a per-channel
-constant at an output index, and float32 rounding to int32 without ``nearbyint``."""
+constant at an output index, a constant left shift, and float32 rounding to int32 without
+``nearbyint``."""
 from __future__ import annotations
 
 import tvm
 
 MAGIC = 12582912.0  # 1.5 * 2**23: x + MAGIC has rint(x) in its low mantissa bits, |x| <= 2**22
 MAGIC_BITS = 0x4B400000  # the int32 bits of MAGIC
+
+
+def _shl(x, shift):
+    """``x`` shifted left by a constant ``shift`` (as a multiply; nothing for 0)."""
+    return x * (1 << int(shift)) if shift else x
 
 
 def _per_channel(const, idx, channel_axes):
