@@ -50,7 +50,8 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     for peer, network, about in (("ort", "ort_network", "ort_weights"), ("ov", "ov_network", "ov")):
         if peer in peers:  # ONNX runtimes on the same network: its distance from the reference, in steps
             runs[peer], diff, info = getattr(peer_module(), network)(workload, threads, log)
-            rows.append({"ruleset": peer, "exact_match": False, "threads": threads, about: info, **diff})
+            rows.append({"ruleset": peer, "exact_match": diff["frac_differ"] == 0, "threads": threads, about: info,
+                         **diff})
     if "torch" in peers:  # a speed peer: its own random weights
         try:
             runs["torch"], info = peer_module().torch_network(workload, target, log)
@@ -61,7 +62,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
             log(f"peer torch left out: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
     if "tvm-onnx" in peers:
         runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)
-        rows.append({"ruleset": "tvm-onnx", "exact_match": False, **diff})
+        rows.append({"ruleset": "tvm-onnx", "exact_match": diff["frac_differ"] == 0, **diff})
     log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
     medians = time_interleaved(runs, rounds, log=log)
     base = medians.get("plugin", medians[rulesets[0]])

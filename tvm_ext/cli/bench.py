@@ -142,7 +142,7 @@ def _trials_text(result: dict) -> str:
 
 
 def _exact_text(row: dict) -> str:
-    if "max_step" in row:  # a peer: rounds differently, say by how much
+    if "max_step" in row and row["frac_differ"]:  # a peer that rounds differently: say by how much
         return f"no: <= {row['max_step']} steps in {100 * row['frac_differ']:.1f}%"
     return "yes" if row["exact_match"] else "NO"
 

@@ -56,11 +56,12 @@ def ort_outputs(path: str, imported, inputs, layers: bool = False) -> list[dict]
 
 
 def per_layer(imported, x, ort: dict) -> dict:
-    """Per imported layer: ``diff_steps`` of our step run on ORT's own inputs vs ORT's output."""
+    """Per imported layer: ``diff_steps`` of our step (the graph's own arithmetic: fixed point or,
+    in the packed layouts, float32 requantize) run on ORT's own inputs vs ORT's output."""
     from tvm_ext.bench.onnx_export import diff_steps  # pylint: disable=import-outside-toplevel
-    from tvm_ext.workloads import qnn_reference as ref  # pylint: disable=import-outside-toplevel
 
     g = imported.graph
+    ref = g.reference
     by_index = {idx: (name, signed) for name, (idx, signed) in imported.layers.items()}
     values = [x]
     result = {}

@@ -15,13 +15,14 @@ Both ONNX Runtime formats are read through the same few meanings:
 
 A QOperator node (QLinearConv, ...) is the same op on a ``View`` followed by ``finish``.
 
-Rounding: our requantize multiplies by a 31-bit fixed-point multiplier derived from the
-float scales (``qnn.fixed_point``) and rounds half up; ORT computes ``acc * scale`` in
-float32 and rounds half to even. Where a value falls within a float32 rounding error of
-a .5 boundary the two differ by one step (the packed layouts requantize in float32 as ORT:
-``onnx_int8.emit``). A residual add is ORT's own arithmetic, bit for bit (``qnn_ort``: float32
-ratios and two FMAs; the fixed-point adds before, 16 fractional bits per term, were one step
-off ORT's in near-ties).
+Rounding: in the NHWC layout the requantize multiplies by a 31-bit fixed-point multiplier
+(``qnn.fixed_point``) and rounds half up, where ORT computes ``acc * scale`` in float32 and
+rounds half to even: near a .5 boundary the two differ by one step. The packed layouts
+requantize in float32 as ORT does (``onnx_int8.emit``), with a conv's scale ratio computed
+as ORT does, ``x_scale * w_scale / y_scale`` in float32 (the multiplier holds it exactly). A
+residual add is ORT's own arithmetic in every layout (``qnn_ort``: float32 ratios and two
+FMAs). So a packed import gives ORT's output on the same file, every element, wherever ORT's
+own int8 kernels are exact (VNNI).
 """
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ class Steps:
     def _acc(self, name, x: QT, acc: Value, w_sum, w_scale, bias) -> Pending:
         c = acc.shape[-1]
         lead = (1,) * (acc.sample.ndim - 1) + (c,)
-        scale = np.broadcast_to(np.asarray(w_scale, np.float64) * x.scale, (c,))
+        # in float32, as ORT computes a conv's output scale: (x_scale * w_scale) / y_scale
+        scale = np.broadcast_to(np.float32(x.scale) * np.asarray(w_scale, np.float32), (c,))
         zp_corr = (x.zp * np.asarray(w_sum, np.int64)).astype(np.int32).reshape(lead)
         bias = np.zeros(c, np.int32) if bias is None else bias_int32(bias, scale)
         return Pending("acc", name, [QT(acc, 0.0, 0)], scale=scale, consts=(zp_corr, bias.reshape(lead)))
@@ -150,7 +152,7 @@ class Steps:
         bounds = {k: v for k, v in (("lo", lo), ("hi", hi)) if v != (0 if k == "lo" else 255)}
         g, c = self.graph, p.inputs[0].shape[-1]
         if p.kind == "acc":
-            mult, rshift, lshift = multiplier(p.scale / scale)
+            mult, rshift, lshift = multiplier(p.scale / np.float32(scale))  # float32: exact in the 31-bit mult
             (acc,), (zp_corr, bias) = p.inputs, p.consts
             left = {"left": 1} if lshift.any() else {}
             out = g.step(p.name, "requantize", [acc.value], [zp_corr, bias, mult, lshift, rshift],
