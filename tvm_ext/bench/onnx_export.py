@@ -146,12 +146,7 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
                 assert np.all(m == m.flat[0]), "QLinearAdd needs per-tensor scales"
             if form == "qdq":
                 y = _qdq_add(e, values[a], values[b], step)
-                hw.append(hw[a])
-                values.append(y)
-                zps.append(step.attrs["zp_out"])
-                layer_outputs[step.name] = y
-                continue
-            if exact_add:
+            elif exact_add:
                 terms = []
                 for v, m, r, zk in ((a, mult_a, rshift_a, "zp_a"), (b, mult_b, rshift_b, "zp_b")):
                     # float64 holds (x - zp) * mult * 2**-(31 + r) exactly: same rounding as ours
@@ -165,19 +160,15 @@ def export_quant_graph(graph, batch: int = 1, keep_layers: bool = False, exact_a
                 t = e.node("Add", [t, e.const(np.float64(step.attrs["zp_out"]), "zp_out")], "add_zp")
                 t = e.node("Clip", [t, e.const(np.float64(0), "lo"), e.const(np.float64(255), "hi")], "add_clip")
                 y = e.node("Cast", [t], step.name, to=TP.UINT8)
-                hw.append(hw[a])
-                values.append(y)
-                zps.append(step.attrs["zp_out"])
-                layer_outputs[step.name] = y
-                continue
-            sa = fixed_to_float(mult_a.flat[0], rshift_a.flat[0])
-            sb = fixed_to_float(mult_b.flat[0], rshift_b.flat[0])
-            ins = [
-                values[a], e.const(np.float32(sa), "a_scale"), e.const(np.uint8(step.attrs["zp_a"]), "a_zp"),
-                values[b], e.const(np.float32(sb), "b_scale"), e.const(np.uint8(step.attrs["zp_b"]), "b_zp"),
-                one, e.const(np.uint8(step.attrs["zp_out"]), "c_zp"),
-            ]
-            y = e.node("QLinearAdd", ins, step.name, domain="com.microsoft")
+            else:
+                sa = fixed_to_float(mult_a.flat[0], rshift_a.flat[0])
+                sb = fixed_to_float(mult_b.flat[0], rshift_b.flat[0])
+                ins = [
+                    values[a], e.const(np.float32(sa), "a_scale"), e.const(np.uint8(step.attrs["zp_a"]), "a_zp"),
+                    values[b], e.const(np.float32(sb), "b_scale"), e.const(np.uint8(step.attrs["zp_b"]), "b_zp"),
+                    one, e.const(np.uint8(step.attrs["zp_out"]), "c_zp"),
+                ]
+                y = e.node("QLinearAdd", ins, step.name, domain="com.microsoft")
             hw.append(hw[a])
             values.append(y)
             zps.append(step.attrs["zp_out"])

@@ -159,9 +159,10 @@ class Steps:
                          zp=zp, zp_out=zp, **bounds, **left)
         elif p.kind == "add":
             a, b = p.inputs
-            shift = {"shift": 128} if signed and a.signed and b.signed else {}  # ORT adds int8 tensors' int8 values
-            consts = qlinear_add_consts(a.scale, a.zp, b.scale, b.zp, scale, zp, c, shift.get("shift", 0))
-            out = g.step(p.name, "qlinear_add", [a.value, b.value], consts, zp=zp, **bounds, **shift)
+            shift = 128 if signed and a.signed and b.signed else 0  # ORT adds int8 tensors' int8 values
+            consts = qlinear_add_consts(a.scale, a.zp, b.scale, b.zp, scale, zp, c, shift)
+            out = g.step(p.name, "qlinear_add", [a.value, b.value], consts, zp=zp, **bounds,
+                         **({"shift": shift} if shift else {}))
         elif p.kind == "view":
             (x,) = p.inputs
             if x.scale == scale and x.zp == zp and not bounds:
