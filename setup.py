@@ -31,6 +31,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "pytest-timeout", "hypothesis", "onnx>=1.16", "onnxruntime>=1.17", "openvino", "ruff",
+                 # the default run on one worker per core (pytest.ini: -n auto); most tests are compiles
+                 "pytest-xdist",
                  # the cluster tests start a real Dask scheduler and workers on loopback
                  "dask[distributed]", "cryptography"],
         # ONNX Runtime and OpenVINO as the peers of the int8 benchmarks (--peers ort,ov)
