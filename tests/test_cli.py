@@ -60,6 +60,7 @@ def one_error_line(args, message):
     (["bench", "phi2-decode", "--beside", "conv2d-int8"], "--beside is for the int8 networks"),
     (["bench", "phi2-decode", "--rounds", "0"], "--rounds must be at least 1"),
     (["bench", "conv2d-int8", "--breakdown", "-1"], "--breakdown must be a number of runs"),
+    (["bench", "conv2d-int8", "--warm", "-2"], "--warm must be a number of runs"),
     (["report", "/nonexistent/dir"], "/nonexistent/dir"),
     (["check-rules", "--cases", "softmax,nope"], "unknown case(s) nope"),
     (["check-rules", "--cases", "softmax", "--target", "cuda"], "needs an llvm target"),
@@ -278,6 +279,21 @@ def test_bench_times_another_workload_beside(tuned, tmp_path):
     assert [r["ruleset"] for r in rows] == ["plugin", "conv2d-int8:plugin"]
     assert all(r["exact_match"] and r["e2e_ms"] > 0 and r["work_dir"] == work_dir for r in rows)
     assert "conv2d-int8:plugin" in stdout
+
+
+def test_bench_warm_runs_have_their_own_column(tuned, tmp_path):
+    """--warm: the runs right after each turn's first, timed apart: every row (ours and the peer's)
+    gains warm_ms and its ratio to ours, and the table shows both."""
+    work_dir, _, _ = tuned
+    out = tmp_path / "warm.json"
+    _, stdout, _ = cli("bench", "conv2d-int8", *SMALL, "--rulesets", "plugin", "--from-logs", "--rounds", "2",
+                       "--logs-dir", os.path.dirname(work_dir), "--out", str(out), "--warm", "2", "--peers", "ort")
+    result = json.loads(out.read_text())
+    plugin, ort = result["rows"]
+    assert result["warm_runs"] == 2 and plugin["warm_ratio_to_plugin"] == 1.0
+    assert ort["warm_ratio_to_plugin"] == pytest.approx(ort["warm_ms"] / plugin["warm_ms"])
+    assert all(r["warm_ms"] > 0 and r["e2e_ms"] > 0 for r in result["rows"])
+    assert "warm ms" in stdout.splitlines()[1] and "the 2 runs after each first run" in stdout
 
 
 def test_bench_breakdown_accounts_for_the_network(tuned, tmp_path):

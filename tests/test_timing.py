@@ -3,7 +3,7 @@ calls counted, when the threads count as idle. No timing is asserted (timings ne
 tests): fake clocks and a recording pause."""
 import pytest
 
-from tvm_ext.bench.timing import time_interleaved, wait_until_idle
+from tvm_ext.bench.timing import time_interleaved, time_turns, wait_until_idle
 
 
 def _recorder():
@@ -28,6 +28,24 @@ def test_no_pause_without_settle():
     events, callables = _recorder()
     time_interleaved(callables, rounds=2, warmup=0, settle=None)
     assert events == ["tvm", "ort", "peer", "ort", "peer", "tvm"]
+
+
+def test_warm_calls_follow_each_turns_first_and_have_their_own_median():
+    now, last = [0.0], {}
+
+    def runtime(name, cold, hot):  # a turn's first call costs `cold` (fake seconds), a call right after it `hot`
+        def call():
+            now[0] += hot if last.get("name") == name else cold
+            last["name"] = name
+        return call
+
+    events = []
+    callables = {"tvm": runtime("tvm", 10.0, 6.0), "ort": runtime("ort", 12.0, 7.0)}
+    first, warm = time_turns(callables, rounds=3, warmup=0, warm=4, clock=lambda: now[0],
+                             settle=lambda: (events.append("pause"), last.clear()))
+    assert first == {"tvm": 10.0, "ort": 12.0} and warm == {"tvm": 6.0, "ort": 7.0}
+    assert events == ["pause"] * 6  # one pause a turn, none between a turn's calls
+    assert time_turns(callables, rounds=1, warmup=0, settle=None)[1] == {}  # no warm calls: no warm medians
 
 
 @pytest.mark.parametrize("rounds, repeat", [(0, 1), (2, 0)])

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections import Counter
 
 from tvm_ext import tune as tuning
-from tvm_ext.bench.timing import time_interleaved
+from tvm_ext.bench.timing import time_turns
 from tvm_ext.jsonio import write_json
 
 
 def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds: int,
         out_json: str | None, log=print, work_root: str | None = None, peers=(),
-        layers: bool = False, beside=(), breakdown: int = 0) -> dict:
+        layers: bool = False, beside=(), breakdown: int = 0, warm: int = 0) -> dict:
     """Bench ``rulesets`` on ``workload``; returns (and writes) the result dict.
 
     A rule set written ``RULESET@TARGET`` (``upstream@llvm-generic``) is tuned, compiled
@@ -31,7 +31,9 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
     ``"per_layer"``: every conv
     task of the first rule set's database against one ORT QLinearConv of its shape; ``breakdown`` > 0
     adds ``"breakdown"``: the first rule set's network, that many runs, each kernel inside it against
-    its tuning record (``bench.breakdown``)."""
+    its tuning record (``bench.breakdown``); ``warm`` > 0 times that many more runs right after each
+    turn's first (``timing.time_turns``): rows gain ``warm_ms``, each network called in a loop (its
+    weights in the cache, its threads awake) beside ``e2e_ms``, its first run after the others'."""
     from tvm_ext.targets import resolve_target
 
     if "torch" in peers:  # bad input in one line before minutes of tuning
@@ -64,11 +66,10 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)
         rows.append({"ruleset": "tvm-onnx", "exact_match": diff["frac_differ"] == 0, **diff})
     log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
-    medians = time_interleaved(runs, rounds, log=log)
-    base = medians.get("plugin", medians[rulesets[0]])
-    for row in rows:
-        row["e2e_ms"] = medians[row["ruleset"]] * 1e3
-        row["ratio_to_plugin"] = medians[row["ruleset"]] / base
+    medians, warm_medians = time_turns(runs, rounds, warm=warm, log=log)
+    _put_times(rows, medians, rulesets, "e2e_ms", "ratio_to_plugin")
+    if warm:
+        _put_times(rows, warm_medians, rulesets, "warm_ms", "warm_ratio_to_plugin")
     found = None
     if breakdown:
         from tvm_ext.bench.breakdown import breakdown as where_time_goes
@@ -92,7 +93,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
                                             if f in host.get("features", ()))},
               "trials_per_task": trials if not from_logs else min(
                   (r["trials"] for r in rows if r.get("trials") is not None), default=None),
-              "rounds": rounds, "rows": rows}
+              "rounds": rounds, **({"warm_runs": warm} if warm else {}), "rows": rows}
     if per_layer is not None:
         result["per_layer"] = per_layer
     if found is not None:
@@ -101,6 +102,14 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         write_json(out_json, result)
         log(f"wrote {out_json}")
     return result
+
+
+def _put_times(rows, seconds: dict, rulesets, ms_key: str, ratio_key: str) -> None:
+    """Each row's median in ms and its ratio to the plugin row's (else the first rule set's)."""
+    base = seconds.get("plugin", seconds[rulesets[0]])
+    for row in rows:
+        row[ms_key] = seconds[row["ruleset"]] * 1e3
+        row[ratio_key] = seconds[row["ruleset"]] / base
 
 
 def _network(workload, ruleset, target, trials, from_logs, work_root, label, log):

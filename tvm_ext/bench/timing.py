@@ -37,30 +37,42 @@ def time_interleaved(callables: dict, rounds: int, warmup: int = 1, repeat: int 
     """Median seconds per call of each callable: ``rounds`` rounds, each giving every
     callable (in rotating order) ``settle()`` (untimed; None: no pause) and then ``repeat``
     timed calls. ``log`` hears of turns that began with the threads still busy."""
-    if rounds < 1 or repeat < 1:
-        raise ValueError(f"rounds and repeat must be >= 1, not {rounds} and {repeat}")
+    return time_turns(callables, rounds, warmup, repeat, settle=settle, log=log)[0]
+
+
+def time_turns(callables: dict, rounds: int, warmup: int = 1, repeat: int = 1, warm: int = 0,
+               settle=wait_until_idle, log=None, clock=time.perf_counter) -> tuple[dict, dict]:
+    """``time_interleaved``'s medians, and the medians of ``warm`` more calls timed right after
+    each turn's ``repeat`` ({} for ``warm`` 0).  A turn's first call finds the caches holding
+    the other runtimes' data (a network's weights come from DRAM) and its threads asleep; the
+    ``warm`` calls find its own weights in the cache and its threads spinning: a runtime
+    called in a loop."""
+    if rounds < 1 or repeat < 1 or warm < 0:
+        raise ValueError(f"rounds and repeat must be >= 1 and warm >= 0, not {rounds}, {repeat} and {warm}")
     names = list(callables)
     for _ in range(warmup):
         for name in names:
             callables[name]()
     samples = {name: [] for name in names}
+    warm_samples = {name: [] for name in names}
     busy = 0
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             if settle is not None and settle() is False:
                 busy += 1
-            for _ in range(repeat):
-                start = time.perf_counter()
+            for i in range(repeat + warm):
+                start = clock()
                 callables[name]()
-                samples[name].append(time.perf_counter() - start)
+                (samples if i < repeat else warm_samples)[name].append(clock() - start)
     if busy and log is not None:
         log(f"note: {busy} of {rounds * len(names)} turns began with this process's threads still busy "
             f"(another job on this machine?): these timings are noisier")
-    return {name: statistics.median(values) for name, values in samples.items()}
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    return medians, ({name: statistics.median(v) for name, v in warm_samples.items()} if warm else {})
 
 
-__all__ = ["time_interleaved", "wait_until_idle"]
+__all__ = ["time_interleaved", "time_turns", "wait_until_idle"]
 
 
 def set_threads(threads) -> None:

@@ -57,6 +57,10 @@ def add_parser(sub) -> None:
                    help="int8: also run the first rule set's network RUNS times with every kernel timed: "
                         "each tuning task inside the network against its record, and the time between "
                         "the kernels (where the network's gap to the sum of its tuned kernels is)")
+    p.add_argument("--warm", type=int, default=0, metavar="RUNS",
+                   help="int8: in every turn, RUNS more runs right after the timed one, reported apart "
+                        "('warm ms'): each network called in a loop, its weights in the cache and its "
+                        "threads awake, where 'e2e ms' is its first run after the other networks'")
     p.add_argument("--rounds", type=int, default=None,
                    help="interleaved timing rounds (default 20 for int8, 5 for phi2; one phi2-prefill "
                         "round at real size took 12 min on a loaded 2-core EPYC)")
@@ -116,12 +120,14 @@ def run(args) -> int:
         raise ValueError(f"--trials must be at least 1, not {args.trials}")
     if args.breakdown < 0:
         raise ValueError(f"--breakdown must be a number of runs (0: none), not {args.breakdown}")
+    if args.warm < 0:
+        raise ValueError(f"--warm must be a number of runs (0: none), not {args.warm}")
     beside = _beside(args)
     workload = load_workload(args)
     beside = [workloads.get(name, **workload_options(args)) for name in beside]
     result = bench_int8.run(workload, target, rulesets, args.trials or 32, args.from_logs,
                             args.rounds or 20, out, log=log, work_root=args.logs_dir, peers=peers,
-                            layers=args.layers, beside=beside, breakdown=args.breakdown)
+                            layers=args.layers, beside=beside, breakdown=args.breakdown, warm=args.warm)
     print(format_int8(result))
     return 0 if all(row["exact_match"] for row in result["rows"] if row["ruleset"] not in peers) else 1
 
@@ -150,11 +156,15 @@ def _exact_text(row: dict) -> str:
 def format_int8(result: dict) -> str:
     """The int8 rule-set benchmark (``bench.int8.run``'s result) as text."""
     est = [r.get("e2e_estimate_ms") for r in result["rows"]]
-    rows = [[r["ruleset"], f"{r['e2e_ms']:.3f}", f"{r['ratio_to_plugin']:.2f}", None if e is None else f"{e:.3f}",
-             _exact_text(r)] for r, e in zip(result["rows"], est)]
+    warm = result.get("warm_runs", 0)
+    rows = [[r["ruleset"], f"{r['e2e_ms']:.3f}", f"{r['ratio_to_plugin']:.2f}"]
+            + ([f"{r['warm_ms']:.3f}", f"{r['warm_ratio_to_plugin']:.2f}"] if warm else [])
+            + [None if e is None else f"{e:.3f}", _exact_text(r)] for r, e in zip(result["rows"], est)]
+    head = ["ruleset", "e2e ms", "vs plugin"] + (["warm ms", "vs plugin"] if warm else []) + ["est. ms", "exact"]
     lines = [f"{result['workload']} {result['options']} on {result['target']}, "
-             f"{_trials_text(result)} trials per task, median of {result['rounds']} interleaved rounds",
-             render(["ruleset", "e2e ms", "vs plugin", "est. ms", "exact"], rows, "<>>><")]
+             f"{_trials_text(result)} trials per task, median of {result['rounds']} interleaved rounds"
+             + (f" (warm: the {warm} runs after each first run)" if warm else ""),
+             render(head, rows, "<>>" + (">>" if warm else "") + "><")]
     shares = [f"{r['ruleset']} {r['non_conv_estimate_ms']:.3f} of {r['e2e_estimate_ms']:.3f}"
               for r in result["rows"] if r.get("non_conv_estimate_ms") is not None]
     if shares:
