@@ -148,7 +148,8 @@ def _network(workload, ruleset, target, trials, from_logs, work_root, label, log
     row = {"ruleset": label, "exact_match": bool(ok), "work_dir": work_dir, "untuned_tasks": len(untuned),
            "target": target_key(target), "tuned_for": meta["target"].get("mcpu"),
            "e2e_estimate_ms": None if summary["e2e_us"] is None else summary["e2e_us"] / 1e3,
-           "non_conv_estimate_ms": non_conv_ms(summary), "trials": tuned_trials(summary["tasks"])}
+           "non_conv_estimate_ms": non_conv_ms(summary), "trials": tuned_trials(summary["tasks"]),
+           "picked_in_network": sum("picked_rank" in t for t in summary["tasks"])}
     return (lambda: (vm["main"](*args), dev.sync())), row, (executable, dev, args)
 
 

@@ -48,4 +48,8 @@ def format_report(result: dict) -> str:
              + ("" if e2e is not None else " (some task has no valid measurement)")]
     if result.get("tuning_s"):
         lines.append(f"tuning time: {result['tuning_s']:.0f} s in all (wall clock, summed over runs)")
+    picked = [f"{t['name']} (rank {t['picked_rank']})" for t in result["tasks"] if "picked_rank" in t]
+    if picked:
+        lines.append(f"{len(picked)} tasks run a record picked inside the network (tune --in-network), not their "
+                     f"best: {', '.join(picked)}")
     return "\n".join(lines)

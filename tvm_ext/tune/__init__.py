@@ -11,6 +11,7 @@ these modules:
 ``driver``    tune a workload task by task (``tune_task`` is the one tuning call); the report
 ``kernels``   tune a dict of named kernels into one database, keeping the measurement order
 ``apply``     compile and run a workload with a database's schedules
+``picks``     the records picked inside the network (``bench.in_network``), which ``apply`` compiles with
 ``best``      the best schedules of a database for a user's own TIR module, compiled
 ``logs``      MetaSchedule's loggers, quiet and safe to create again (pytest >= 9.2)
 ``transfer``  old schedules replayed on tasks whose TIR changed (``--reuse-schedules``)

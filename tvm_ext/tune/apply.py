@@ -5,7 +5,6 @@ from __future__ import annotations
 import tvm
 
 from tvm_ext.tir_utils import top_level_nests
-from tvm_ext.tune.database import open_database
 
 
 def scheduled_mod(record, mod: tvm.IRModule) -> tvm.IRModule:
@@ -21,7 +20,15 @@ def kernels_of(record, mod: tvm.IRModule) -> int:
 
 
 def apply_database(workload, target, work_dir: str) -> tvm.IRModule:
-    """The workload's fused module with every function found in the database scheduled.
+    """The workload's fused module with every function found in the work dir's database scheduled
+    (each task's best record, or the one picked inside the network: ``tune.picks``)."""
+    from tvm_ext.tune.picks import picked_database  # pylint: disable=import-outside-toplevel
+
+    return apply_with(workload, target, picked_database(work_dir))
+
+
+def apply_with(workload, target, database) -> tvm.IRModule:
+    """The workload's fused module with every function ``database`` holds scheduled by its best record.
 
     Applied to the fused module as it is: TVM's ``compile_relax`` re-runs LegalizeOps /
     AnnotateTIROpPattern / FuseOps first, which adds attributes to the fused PrimFuncs,
@@ -30,15 +37,19 @@ def apply_database(workload, target, work_dir: str) -> tvm.IRModule:
     """
     from tvm import relax
 
-    with target, tvm.transform.PassContext(opt_level=3), open_database(work_dir, read_only=True):
+    with target, tvm.transform.PassContext(opt_level=3), database:
         return relax.transform.MetaScheduleApplyDatabase()(workload.mod)
 
 
-def compile_workload(workload, target, work_dir: str | None):
-    """Build the workload with the database's schedules (TVM's defaults for the rest)."""
+def compile_workload(workload, target, work_dir: str | None, database=None):
+    """Build the workload with the database's schedules (TVM's defaults for the rest): the work
+    dir's, or ``database`` where given."""
     from tvm import relax
 
-    mod = workload.mod if work_dir is None else apply_database(workload, target, work_dir)
+    if database is not None:
+        mod = apply_with(workload, target, database)
+    else:
+        mod = workload.mod if work_dir is None else apply_database(workload, target, work_dir)
     with target, tvm.transform.PassContext(opt_level=3):
         return relax.build(mod, target=target)
 

@@ -18,6 +18,7 @@ from tvm_ext.tune import packed
 from tvm_ext.tune.apply import kernels_of
 from tvm_ext.tune.builder import make_builder
 from tvm_ext.tune.logs import loggers_for
+from tvm_ext.tune.picks import read_picks, trace_key
 from tvm_ext.tune.database import (best_record, open_database, prepare_work_dir, read_meta,
                                    record_seconds, records_of, write_meta)
 from tvm_ext.tune.runner import make_runner
@@ -254,6 +255,7 @@ def report(work_dir: str, database=None) -> dict:
     if database is None:
         database = open_database(work_dir, read_only=True)
     rows, total, complete = [], 0.0, True
+    picks = read_picks(work_dir)
     tuning_s = {e["name"]: e.get("tuning_s") for e in meta["tasks"]}
     nodes = {e["name"]: e["node"] for e in meta["tasks"] if "node" in e}
     for task in load_tasks(work_dir, meta):
@@ -266,6 +268,8 @@ def report(work_dir: str, database=None) -> dict:
                "tuning_s": tuning_s.get(task.name)}
         if task.name in nodes:  # tuned on a cluster node
             row["node"] = nodes[task.name]
+        if best is not None and picks.get(task.name, {}).get("best") == trace_key(best):
+            row["picked_rank"] = picks[task.name]["rank"]  # the network runs this record, not the best
         if secs is None:
             complete = False
         else:
