@@ -23,7 +23,7 @@ from tvm_ext.bench.timing import time_turns
 
 def choose(times: dict, margin: float) -> dict:
     """{task: rank} for the tasks whose fastest lower-ranked variant beats rank 0 by ``margin``
-    (a fraction); ``times`` {task: [median in-network seconds of rank 0, 1, ...]}."""
+    (a fraction); ``times`` {task: [median time inside the network of rank 0, 1, ...]} (any unit)."""
     out = {}
     for task, per_rank in times.items():
         rank = min(range(len(per_rank)), key=per_rank.__getitem__)
@@ -104,7 +104,7 @@ class _Network:
         return executable
 
     def task_times(self, executables, rounds: int, runs: int, log) -> tuple[dict, list]:
-        """({task: [median in-network seconds per executable]}, [median network ms per executable]):
+        """({task: [median ms inside the network per executable]}, [median network ms per executable]):
         ``bench.breakdown`` of each executable, in ``rounds`` alternating rounds."""
         samples, network = {}, [[] for _ in executables]
         for i in range(rounds):
