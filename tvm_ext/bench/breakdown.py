@@ -39,18 +39,30 @@ def _task_of(workload, tasks) -> dict:
     return out
 
 
-def breakdown(executable, dev, args, workload, work_dir: str, runs: int = 20) -> dict:
-    """See the module doc.  ``args``: the network's inputs on ``dev``."""
+def task_records(workload, tasks, database) -> tuple[dict, dict]:
+    """({task name: its best record's seconds}, {PrimFunc name in the workload: task name}): what
+    ``breakdown`` matches the network's kernels against, from the work dir's ``tasks`` and
+    ``database`` (opening a large database takes seconds: a caller timing many networks of one work
+    dir reads it once and passes this as ``known``)."""
+    from tvm_ext.tune.database import best_record, record_seconds
+
+    best_s = {t.name: record_seconds(r) for t in tasks if (r := best_record(database, t.mod)) is not None}
+    return best_s, _task_of(workload, tasks)
+
+
+def breakdown(executable, dev, args, workload, work_dir: str, runs: int = 20, known=None) -> dict:
+    """See the module doc.  ``args``: the network's inputs on ``dev``; ``known``: ``task_records``
+    of the work dir, read from it when not given."""
     from tvm import relax
 
-    from tvm_ext.tune.database import best_record, open_database, record_seconds
+    from tvm_ext.tune.database import open_database
     from tvm_ext.tune.driver import load_tasks, read_meta
     from tvm_ext.vm_calls import timed_calls
 
-    tasks = load_tasks(work_dir, read_meta(work_dir))
-    db = open_database(work_dir, read_only=True)
-    best_s = {t.name: record_seconds(r) for t in tasks if (r := best_record(db, t.mod)) is not None}
-    task_of = _task_of(workload, tasks)
+    if known is None:
+        tasks = load_tasks(work_dir, read_meta(work_dir))
+        known = task_records(workload, tasks, open_database(work_dir, read_only=True))
+    best_s, task_of = known
     plain_vm = relax.VirtualMachine(executable, dev)
     plain_vm["main"](*args)  # warm: weights paged in, the pool started
     plain, per_run = [], []

@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import statistics
 
-from tvm_ext.bench.breakdown import breakdown
+from tvm_ext.bench.breakdown import breakdown, task_records
 from tvm_ext.bench.timing import time_turns
+
+
+def check_top_k(top_k: int) -> None:
+    """One line for a ``--in-network`` that compares nothing."""
+    if top_k < 2:
+        raise ValueError(f"--in-network compares each task's K best records inside the network: K >= 2, "
+                         f"not {top_k}")
 
 
 def choose(times: dict, margin: float) -> dict:
@@ -40,13 +47,11 @@ def pick_in_network(workload, target, work_dir: str, top_k: int = 3, rounds: int
     from tvm_ext.targets import describe_host, target_key
     from tvm_ext.tune.picks import ranked, trace_key, write_picks
 
-    if top_k < 2:
-        raise ValueError(f"--in-network compares a task's best records inside the network: give 2 or more, "
-                         f"not {top_k}")
+    check_top_k(top_k)
     tasks = tuning.load_tasks(work_dir, tuning.read_meta(work_dir))
     database = tuning.open_database(work_dir, read_only=True)
     ranks = {t.name: r for t in tasks if (r := ranked(database, t.mod, top_k))}
-    network = _Network(workload, target, work_dir)
+    network = _Network(workload, target, work_dir, task_records(workload, tasks, database))
     variants = max((len(r) for r in ranks.values()), default=0)
     executables = [network.build({name: min(j, len(r) - 1) for name, r in ranks.items()}, ranks, f"rank {j}", log)
                    for j in range(variants)]
@@ -80,12 +85,12 @@ def pick_in_network(workload, target, work_dir: str, top_k: int = 3, rounds: int
 class _Network:
     """The workload compiled with chosen records, checked, and timed as ``pick_in_network`` needs."""
 
-    def __init__(self, workload, target, work_dir: str):
+    def __init__(self, workload, target, work_dir: str, known):
         import tvm
 
         from tvm_ext import tune as tuning
 
-        self.workload, self.target, self.work_dir = workload, target, work_dir
+        self.workload, self.target, self.work_dir, self.known = workload, target, work_dir, known
         self.dev = tuning.device_for(target)
         self.args = [tvm.runtime.tensor(x, self.dev) for x in workload.inputs]
 
@@ -110,7 +115,8 @@ class _Network:
         for i in range(rounds):
             log(f"in-network picks: round {i + 1}/{rounds}, {len(executables)} networks x {runs} runs ...")
             for j, executable in enumerate(executables):
-                found = breakdown(executable, self.dev, self.args, self.workload, self.work_dir, runs=runs)
+                found = breakdown(executable, self.dev, self.args, self.workload, self.work_dir, runs=runs,
+                                  known=self.known)
                 network[j].append(found["network_ms"])
                 for row in found["tasks"]:
                     samples.setdefault(row["task"], [[] for _ in executables])[j].append(row["in_network_ms"])

@@ -78,9 +78,10 @@ def run(args) -> int:
 
     check_workload_name(args.workload)
     check_ruleset(args.ruleset)
-    if args.in_network and args.in_network < 2:
-        raise ValueError(f"--in-network compares each task's K best records inside the network: K >= 2, "
-                         f"not {args.in_network}")
+    if args.in_network:  # before minutes of tuning
+        from tvm_ext.bench.in_network import check_top_k
+
+        check_top_k(args.in_network)
     target = resolve_target(args.target)
     if args.build_only:
         return run_build_only(args, target)

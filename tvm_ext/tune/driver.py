@@ -268,7 +268,7 @@ def report(work_dir: str, database=None) -> dict:
                "tuning_s": tuning_s.get(task.name)}
         if task.name in nodes:  # tuned on a cluster node
             row["node"] = nodes[task.name]
-        if best is not None and picks.get(task.name, {}).get("best") == trace_key(best):
+        if task.name in picks and best is not None and picks[task.name]["best"] == trace_key(best):
             row["picked_rank"] = picks[task.name]["rank"]  # the network runs this record, not the best
         if secs is None:
             complete = False
