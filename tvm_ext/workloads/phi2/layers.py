@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from .arch import ARCH_DEFAULTS, EPS, GROUP, ROPE_BASE, WEIGHT_FORMATS, arch, architecture  # noqa: F401
 from .gelu import gelu_tanh_np  # the NumPy gelu both arithmetics' references use
 from .gelu import te_gelu_tanh as _te_gelu_tanh
 
@@ -23,9 +24,6 @@ CONFIGS = {
     "full": dict(hidden=2560, heads=32, head_dim=80, mlp=10240, vocab=51200, rotary=32),
     "reduced": dict(hidden=256, heads=4, head_dim=64, mlp=1024, vocab=1024, rotary=32),
 }
-GROUP = 32  # input elements per fp16 scale
-EPS = 1e-5
-ROPE_BASE = 10000.0
 
 
 # --------------------------------------------------------------------------- weights
@@ -75,6 +73,38 @@ def head_weights(cfg, rng):
     return w
 
 
+def embed_weights(cfg, rng):
+    """Random q4 embedding table (vocab, hidden) of a config with its own table (``embed="table"``)."""
+    packed, scale, _ = _quantized_linear(rng, cfg["hidden"], cfg["vocab"])
+    return packed, scale, None
+
+
+def in_format(cfg, w):
+    """Random weights ``w`` (q4 triples) in the config's format: float (out, in) where ``weights`` is a float
+    dtype, lm_head without its bias where ``lm_bias`` is off; the default config's weights unchanged."""
+    fmt = arch(cfg, "weights")
+    out = {}
+    for name, v in w.items():
+        if isinstance(v, tuple):
+            if name == "lm_head" and not arch(cfg, "lm_bias"):
+                v = (*v[:2], None)
+            if fmt != "q4":
+                v = (dequantize_np(v[0], v[1]).T.astype(fmt), v[2])
+        out[name] = v
+    return out
+
+
+def weight_np(wt):
+    """A weight tuple's matrix (in, out) in float64: q4 (packed, scale, bias) or float (w (out, in), bias)."""
+    if len(wt) == 3:
+        return dequantize_np(wt[0], wt[1])
+    return np.asarray(wt[0], dtype="float64").T
+
+
+def bias_np(wt):
+    return 0.0 if wt[-1] is None else np.asarray(wt[-1], dtype="float64")
+
+
 def _offset(i, past):
     """``i + past`` for a static position or a (1,) int32 position tensor."""
     from tvm import te, tirx
@@ -101,9 +131,9 @@ def q4_value(packed, scale, row, col, dtype):
     return q4_weight(packed, scale, row, col, dtype)
 
 
-def rope_inv_freq(rotary: int) -> np.ndarray:
-    """The rotary frequencies ``ROPE_BASE ** (-2 j / rotary)``, j < rotary / 2, float32."""
-    return np.exp(np.arange(rotary // 2) * (-2.0 * math.log(ROPE_BASE) / rotary)).astype("float32")
+def rope_inv_freq(rotary: int, base: float = ROPE_BASE) -> np.ndarray:
+    """The rotary frequencies ``base ** (-2 j / rotary)``, j < rotary / 2, float32."""
+    return np.exp(np.arange(rotary // 2) * (-2.0 * math.log(base) / rotary)).astype("float32")
 
 
 def _te_rope(qkv, inv_freq, offset, heads, head_dim, rotary, past, dtype):
@@ -239,14 +269,26 @@ def _arg(a, dtype=None):
     return a
 
 
+def _te_float_weight(w, dtype):
+    """A float weight stored (out, in) as the (in, out) matrix in ``dtype``: named "dequantize" so that it
+    fuses into its matmul as the q4 dequantize does (``kernels._dequantize_matmul_pattern``)."""
+    from tvm import te, tirx
+
+    n, k = w.shape
+    return te.compute((k, n), lambda i, j: tirx.Cast(dtype, w[j, i]), name="dequantize")
+
+
 def linear(bb, x, wt, dtype):
-    """``matmul(x, dequantize(packed, scale)) + bias`` for a weight triple."""
+    """``matmul(x, dequantize(packed, scale)) + bias`` for a q4 weight triple, ``matmul(x, w^T) + bias`` for a
+    float (w, bias) pair; no add where the bias is None."""
     from tvm import relax
 
-    packed, scale, bias = wt
-    w = bb.emit_te(_te_dequantize, _arg(packed), _arg(scale), dtype, primfunc_name_hint="dequantize")
+    if len(wt) == 2:
+        w = bb.emit_te(_te_float_weight, _arg(wt[0]), dtype, primfunc_name_hint="dequantize")
+    else:
+        w = bb.emit_te(_te_dequantize, _arg(wt[0]), _arg(wt[1]), dtype, primfunc_name_hint="dequantize")
     y = bb.emit(relax.op.matmul(x, w, out_dtype=dtype))
-    return bb.emit(relax.op.add(y, _arg(bias, dtype)))
+    return y if wt[-1] is None else bb.emit(relax.op.add(y, _arg(wt[-1], dtype)))
 
 
 COMPUTES = ("float", "int8")
@@ -322,7 +364,7 @@ def emit_rope_qkv(bb, cfg, qkv, past, dtype):
     from tvm import relax
 
     d, hh, hd, rot = cfg["hidden"], cfg["heads"], cfg["head_dim"], cfg["rotary"]
-    inv = relax.const(rope_inv_freq(rot))
+    inv = relax.const(rope_inv_freq(rot, arch(cfg, "rope_base")))
     q = bb.emit_te(_te_rope, qkv, inv, 0, hh, hd, rot, past, dtype, primfunc_name_hint="rope")
     k = bb.emit_te(_te_rope, qkv, inv, d, hh, hd, rot, past, dtype, primfunc_name_hint="rope")
     v = bb.emit_te(_te_split_heads, qkv, 2 * d, hh, hd, primfunc_name_hint="split_heads")
@@ -336,7 +378,8 @@ def emit_layer(bb, cfg, w, x, dtype, attend, compute="float"):
     from tvm import relax
 
     proj = projector(bb, dtype, compute)
-    ln = bb.emit(relax.op.nn.layer_norm(x, _arg(w["ln_g"], dtype), _arg(w["ln_b"], dtype), axes=[-1], epsilon=EPS))
+    ln = bb.emit(relax.op.nn.layer_norm(x, _arg(w["ln_g"], dtype), _arg(w["ln_b"], dtype), axes=[-1],
+                                        epsilon=arch(cfg, "eps")))
     a = attend(proj(ln, w["qkv"]))
     attn = proj(a, w["dense"])
     # MLP branch, from the same LayerNorm output
@@ -350,23 +393,24 @@ def emit_head(bb, cfg, w, h, n, dtype, compute="float"):
 
     if n > 1:
         h = bb.emit(relax.op.strided_slice(h, axes=[1], begin=[n - 1], end=[n]))
-    ln = bb.emit(relax.op.nn.layer_norm(h, _arg(w["lnf_g"], dtype), _arg(w["lnf_b"], dtype), axes=[-1], epsilon=EPS))
+    ln = bb.emit(relax.op.nn.layer_norm(h, _arg(w["lnf_g"], dtype), _arg(w["lnf_b"], dtype), axes=[-1],
+                                        epsilon=arch(cfg, "eps")))
     return projector(bb, dtype, compute)(ln, w["lm_head"])
 
 
 # --------------------------------------------------------------------------- reference
-def _layernorm_np(x, g, b):
+def _layernorm_np(x, g, b, eps=EPS):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + EPS) * g + b
+    return (x - mu) / np.sqrt(var + eps) * g + b
 
 
-def _rope_np(x, past, rotary):
+def _rope_np(x, past, rotary, base=ROPE_BASE):
     """x: (1, n, heads, head_dim) float64."""
     n = x.shape[1]
     half = rotary // 2
     pos = np.arange(past, past + n, dtype="float64")[:, None]
-    inv = rope_inv_freq(rotary).astype("float64")
+    inv = rope_inv_freq(rotary, base).astype("float64")
     ang = np.concatenate([pos * inv, pos * inv], axis=1)  # (n, rotary)
     cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
     r = x[..., :rotary]
@@ -382,11 +426,12 @@ def reference_layer(cfg, w, x, kc, vc, past, return_kv=False):
     d, hh, hd, rot = cfg["hidden"], cfg["heads"], cfg["head_dim"], cfg["rotary"]
     x = x.astype("float64")
     n = x.shape[1]
-    lin = lambda a, wt: a @ dequantize_np(wt[0], wt[1]) + wt[2].astype("float64")  # noqa: E731
-    ln = _layernorm_np(x, w["ln_g"], w["ln_b"])
+    base = arch(cfg, "rope_base")
+    lin = lambda a, wt: a @ weight_np(wt) + bias_np(wt)  # noqa: E731
+    ln = _layernorm_np(x, w["ln_g"], w["ln_b"], arch(cfg, "eps"))
     qkv = lin(ln, w["qkv"])
-    q = _rope_np(qkv[..., :d].reshape(1, n, hh, hd), past, rot)
-    k = _rope_np(qkv[..., d : 2 * d].reshape(1, n, hh, hd), past, rot)
+    q = _rope_np(qkv[..., :d].reshape(1, n, hh, hd), past, rot, base)
+    k = _rope_np(qkv[..., d : 2 * d].reshape(1, n, hh, hd), past, rot, base)
     v = qkv[..., 2 * d :].reshape(1, n, hh, hd)
     new_kv = (k, v)
     if past > 0:
@@ -409,5 +454,5 @@ def reference_layer(cfg, w, x, kc, vc, past, return_kv=False):
 
 def reference_head(cfg, w, h):
     h = h[:, -1:, :].astype("float64")
-    ln = _layernorm_np(h, w["lnf_g"], w["lnf_b"])
-    return ln @ dequantize_np(*w["lm_head"][:2]) + w["lm_head"][2].astype("float64")
+    ln = _layernorm_np(h, w["lnf_g"], w["lnf_b"], arch(cfg, "eps"))
+    return ln @ weight_np(w["lm_head"]) + bias_np(w["lm_head"])

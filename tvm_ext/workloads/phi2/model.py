@@ -5,9 +5,10 @@ Same q4f16_1 weight format and layer builder as ``kernels.py`` (``layers``), com
 float32 (q4f32_1).  The weights are **function parameters**, not constants, so the
 compiled module is small and the same kernels serve every layer:
 
-* ``embed(token (1,) int32, lm_packed, lm_scale) -> (1, 1, hidden)``: the embedding is
-  tied to lm_head's q4 weights (row ``token`` dequantized; Phi-2 itself has a separate
-  embedding table; either way a token reads one 1.4 KB row);
+* ``embed(token (1,) int32, <table>) -> (1, 1, hidden)``: by default (the benchmark model) the
+  embedding is tied to lm_head's q4 weights (row ``token`` dequantized); a config with
+  ``embed="table"`` (Phi-2, every checkpoint) passes its own table, same format; either way a
+  token reads one row;
 * ``layer(x, k_cache, v_cache, pos (1,) int32, <14 layer weights>) -> (x, k_cache, v_cache)``
   called once per layer with that layer's weights and cache;
 * ``head(h, lnf_g, lnf_b, lm_packed, lm_scale, lm_bias) -> (1, 1, vocab)`` logits.
@@ -20,7 +21,10 @@ position.  The greedy loop (``Decoder.generate``) runs in Python: embed, the lay
 argmax on the host.  Scheduling and compiling ``mod``: ``tvm_ext.bench.phi2.decode.decoder``.
 
 Weights are random from ``(seed, layer)``, generated one layer at a time (the full model's
-weights are 1.5 GB; NumPy copies are dropped once uploaded).
+weights are 1.5 GB; NumPy copies are dropped once uploaded), or read from a checkpoint by a
+``source`` (``checkpoint.py``), also one layer at a time.  The architecture comes from the
+config (``arch.py``: shapes, rotary dims, LayerNorm epsilon, tied or separate embedding, lm_head
+bias, q4 or float weights); the named configs build what they always built.
 """
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kernels import lower
-from .layers import (CONFIGS, GROUP, attention, dequantize_np, emit_head, emit_layer, emit_rope_qkv,
-                          head_weights, layer_weights, q4_value, reference_head, reference_layer)
+from .layers import (CONFIGS, GROUP, arch, attention, emit_head, emit_layer, emit_rope_qkv, embed_weights,
+                     head_weights, in_format, layer_weights, q4_value, reference_head, reference_layer, weight_np)
 
 DEFAULT_LAYERS = {"full": 32, "reduced": 2}
 LAYER_WEIGHTS = ("ln_g", "ln_b", "qkv", "dense", "fc1", "fc2")
@@ -50,13 +54,30 @@ class Phi2Model:
     compute: str = "float"  # the projections' arithmetic (layers.projector)
     prompt: int = 0  # tokens of the compiled prefill (0: none; see ``_build_module``)
     dtype: str = DTYPE  # activations, caches, biases and LayerNorm (float16 in ``step``'s GPU build)
+    source: object = None  # a checkpoint's weights (layer_weights(i), head_weights(), embed_weights()); None: random
 
     def layer_weights(self, i):
-        """NumPy weights of layer ``i`` (regenerated on each call)."""
-        return layer_weights(self.cfg, np.random.default_rng([self.seed, i]))
+        """NumPy weights of layer ``i`` (regenerated, or read from the checkpoint, on each call)."""
+        if self.source is not None:
+            return self.source.layer_weights(i)
+        return in_format(self.cfg, layer_weights(self.cfg, np.random.default_rng([self.seed, i])))
 
     def head_weights(self):
-        return head_weights(self.cfg, np.random.default_rng([self.seed, self.layers]))
+        if self.source is not None:
+            return self.source.head_weights()
+        return in_format(self.cfg, head_weights(self.cfg, np.random.default_rng([self.seed, self.layers])))
+
+    def embed_weights(self, head=None):
+        """The embedding table's arrays (what ``embed`` takes after the token): lm_head's words and scales
+        where the embedding is tied (``head``: the head's weights if already at hand), else the table."""
+        if arch(self.cfg, "embed") == "tied":
+            return [a for a in (head or self.head_weights())["lm_head"][:-1]]
+        if self.source is not None:
+            w = self.source.embed_weights()
+        else:
+            w = in_format(self.cfg, {"embed": embed_weights(self.cfg, np.random.default_rng([self.seed, -1]))})
+            w = w["embed"]
+        return list(w[:-1])
 
     def weight_bytes(self):
         """Bytes of all layers' and the head's weights (what a token streams)."""
@@ -71,44 +92,66 @@ class Phi2Model:
 
 
 def _flat(w, names=None):
+    """The arrays (or Vars) of weights ``w`` in order, a missing bias (None) left out."""
     out = []
     for name in names or list(w):
-        out += list(w[name]) if isinstance(w[name], tuple) else [w[name]]
+        out += [a for a in w[name] if a is not None] if isinstance(w[name], tuple) else [w[name]]
     return out
 
 
-def check_config(config, layers, capacity):
+def resolve_config(config):
+    """(name, cfg) of a named config ("full", "reduced") or of an architecture dict (``arch.architecture``)."""
+    if isinstance(config, dict):
+        return config.get("name", "custom"), config
     if config not in CONFIGS:
         raise ValueError(f"config must be one of {sorted(CONFIGS)}, got {config!r}")
+    return config, CONFIGS[config]
+
+
+def check_config(config, layers, capacity):
+    _, cfg = resolve_config(config)
+    window = cfg.get("max_positions", MAX_POSITIONS)
     if int(layers) < 1:
         raise ValueError(f"layers must be at least 1, not {layers}")
     if int(capacity) < 1:
         raise ValueError(f"the KV cache needs at least 1 position, not {capacity}")
-    if int(capacity) > MAX_POSITIONS:
+    if int(capacity) > window:
         raise ValueError(f"context overflow: {capacity} positions (past context + tokens), "
-                         f"Phi-2's window is {MAX_POSITIONS}")
+                         f"the model's window is {window}")
 
 
-def build_model(config="full", layers=None, capacity=512, seed=0, compute="float", prompt=0) -> Phi2Model:
+def build_model(config="full", layers=None, capacity=512, seed=0, compute="float", prompt=0,
+                source=None) -> Phi2Model:
     """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe.
+    ``config``: a name in ``CONFIGS`` or an architecture (``arch.architecture``); ``source``: the
+    weights of a checkpoint (``checkpoint.py``; default random from ``seed``).
     ``compute="int8"``: the projections quantize their activations to int8 (same weights and
-    parameters; ``layers.projector``).  ``prompt``: also compile a prefill of that many
+    parameters; ``layers.projector``; q4 weights only).  ``prompt``: also compile a prefill of that many
     tokens (even; with int8 its projections are the q4 x int8 GEMM on repacked weights)."""
-    layers = DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
+    name, cfg = resolve_config(config)
+    layers = DEFAULT_LAYERS.get(name, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)
+    if compute == "int8" and arch(cfg, "weights") != "q4":
+        raise ValueError(f"compute int8 runs on q4 weights, not {arch(cfg, 'weights')}")
     prompt = int(prompt)
     if prompt and (prompt < 2 or prompt % 2 or prompt > capacity):
         raise ValueError(f"a compiled prefill takes an even number of tokens from 2 to the cache's {capacity}, "
                          f"not {prompt}")
-    cfg = CONFIGS[config]
     mod, _ = lower(_build_module(cfg, int(capacity), compute, prompt), fusion=True)
-    return Phi2Model(config, cfg, layers, int(capacity), int(seed), mod, compute, prompt)
+    return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, compute, prompt, source=source)
 
 
 # --------------------------------------------------------------------------- Relax module
-def _te_embed(token, packed, scale, dtype):
-    from tvm import te
+def _te_embed(token, *table_and_dtype):
+    """Row ``token[i]`` of the table: q4 (packed, scale) dequantized, or a float (vocab, hidden) table cast."""
+    from tvm import te, tirx
 
+    *table, dtype = table_and_dtype
+    if len(table) == 1:
+        (w,) = table
+        return te.compute((1, token.shape[0], w.shape[1]), lambda b, i, c: tirx.Cast(dtype, w[token[i], c]),
+                          name="embed")
+    packed, scale = table
     _, kw = packed.shape
     return te.compute((1, token.shape[0], kw * 8), lambda b, i, c: q4_value(packed, scale, token[i], c, dtype),
                       name="embed")
@@ -144,27 +187,38 @@ def _kv_write_prompt(capacity, tokens, heads, head_dim, dtype):
 
 
 def _weight_vars(cfg, names, repacked=False, dtype=DTYPE):
-    """Relax parameters for the weights ``names``: {name: Var or (packed, scale, bias) Vars}, biases and
-    LayerNorm in ``dtype``; ``repacked``: the projections in the layout of ``q4_int8_gemm.repack``."""
+    """Relax parameters for the weights ``names``: {name: Var, or (packed, scale, bias) Vars of a q4 weight,
+    or (w, bias) of a float one}, biases and LayerNorm in ``dtype``, None for a bias the config has not (the
+    embedding table's; lm_head's without ``lm_bias``); ``repacked``: the projections in the layout of
+    ``q4_int8_gemm.repack``."""
     from tvm import relax
 
     d, m, v = cfg["hidden"], cfg["mlp"], cfg["vocab"]
-    shapes = {"qkv": (d, 3 * d), "dense": (d, d), "fc1": (d, m), "fc2": (m, d), "lm_head": (d, v)}
+    shapes = {"qkv": (d, 3 * d), "dense": (d, d), "fc1": (d, m), "fc2": (m, d), "lm_head": (d, v), "embed": (d, v)}
+    fmt = arch(cfg, "weights")
     out = {}
     for name in names:
-        if name in shapes and repacked:
-            k, n = shapes[name]
-            out[name] = (relax.Var(f"{name}_wq", relax.TensorType((n // 16, k // 8, 16), "uint32")),
-                         relax.Var(f"{name}_ws", relax.TensorType((n // 16, k // GROUP, 16), "float16")),
-                         relax.Var(f"{name}_b", relax.TensorType((n,), dtype)))
-        elif name in shapes:
-            k, n = shapes[name]
-            out[name] = (relax.Var(f"{name}_q", relax.TensorType((n, k // 8), "uint32")),
-                         relax.Var(f"{name}_s", relax.TensorType((n, k // GROUP), "float16")),
-                         relax.Var(f"{name}_b", relax.TensorType((n,), dtype)))
-        else:
+        if name not in shapes:
             out[name] = relax.Var(name, relax.TensorType((d,), dtype))
+            continue
+        k, n = shapes[name]
+        biased = name != "embed" and (name != "lm_head" or arch(cfg, "lm_bias"))
+        bias = relax.Var(f"{name}_b", relax.TensorType((n,), dtype)) if biased else None
+        if fmt != "q4":
+            out[name] = (relax.Var(f"{name}_w", relax.TensorType((n, k), fmt)), bias)
+        elif repacked:
+            out[name] = (relax.Var(f"{name}_wq", relax.TensorType((n // 16, k // 8, 16), "uint32")),
+                         relax.Var(f"{name}_ws", relax.TensorType((n // 16, k // GROUP, 16), "float16")), bias)
+        else:
+            out[name] = (relax.Var(f"{name}_q", relax.TensorType((n, k // 8), "uint32")),
+                         relax.Var(f"{name}_s", relax.TensorType((n, k // GROUP), "float16")), bias)
     return out
+
+
+def table_vars(cfg):
+    """Relax parameters of the embedding table: lm_head's words and scales where it is tied, else the table's."""
+    name = "lm_head" if arch(cfg, "embed") == "tied" else "embed"
+    return list(_weight_vars(cfg, (name,))[name][:-1])
 
 
 def cached_attention(bb, cfg, kc, vc, pos, kv_write, cache_t, dtype: str, written: list):
@@ -191,7 +245,7 @@ def _build_module(cfg, capacity, compute="float", prompt=0):
 
     def embed(name, n):
         token = relax.Var("token", relax.TensorType((n,), "int32"))
-        table = _weight_vars(cfg, ("lm_head",))["lm_head"][:2]  # tied embedding (own Vars: one function each)
+        table = table_vars(cfg)  # own Vars: one function each
         with bb.function(name, [token, *table]):
             with bb.dataflow():
                 out = bb.emit_output(bb.emit_te(_te_embed, token, *table, DTYPE, primfunc_name_hint="embed_lookup"))
@@ -266,8 +320,8 @@ class Decoder:
             head = model.head_weights()
             self.store[layout] = layers, [up(a) for a in _flat(
                 _repacked(head, ("lm_head",)) if layout == "repacked" else head, ("lnf_g", "lnf_b", "lm_head"))]
-            if "table" not in self.store:  # the tied embedding reads the model's layout
-                self.store["table"] = [up(a) for a in head["lm_head"][:2]]
+            if "table" not in self.store:  # a tied embedding reads the model's layout
+                self.store["table"] = [up(a) for a in model.embed_weights(head)]
         self.layer_w, self.head_w = self.store[layout]
         self.table = self.store["table"]
         cfg = model.cfg
@@ -388,7 +442,7 @@ def reference_generate(model: Phi2Model, prompt, tokens, past=None, follow=None)
     cfg = model.cfg
     lws = [model.layer_weights(i) for i in range(model.layers)]
     hw = model.head_weights()
-    table = dequantize_np(*hw["lm_head"][:2])  # (hidden, vocab): column t is token t's embedding
+    table = weight_np((*model.embed_weights(hw), None))  # (hidden, vocab): column t is token t's embedding
     kv = [list(p) for p in past] if past is not None else [[None, None] for _ in range(model.layers)]
     start = 0 if past is None else past[0][0].shape[1]
     feed = list(prompt)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels import lower
-from .layers import CONFIGS, emit_head, emit_layer
+from .layers import emit_head, emit_layer
 from .model import (DEFAULT_LAYERS, LAYER_WEIGHTS, Decoder, Phi2Model, _flat, _kv_write, _te_embed, _weight_vars,
-                    cached_attention, check_config)
+                    cached_attention, check_config, resolve_config, table_vars)
 
 STEP = "decode"
 HEAD_WEIGHTS = ("lnf_g", "lnf_b", "lm_head")
@@ -55,10 +55,13 @@ def _build_step(cfg, layers: int, capacity: int, dtype: str, gpu: bool):
     caches = [(relax.Var(f"k_cache{i}", cache_t), relax.Var(f"v_cache{i}", cache_t)) for i in range(layers)]
     weights = [_weight_vars(cfg, LAYER_WEIGHTS, dtype=dtype) for _ in range(layers)]
     head_w = _weight_vars(cfg, HEAD_WEIGHTS, dtype=dtype)
-    table = head_w["lm_head"][:2]  # the tied embedding reads lm_head's words and scales
+    tied = cfg.get("embed", "tied") == "tied"
+    table = head_w["lm_head"][:-1] if tied else table_vars(cfg)  # a tied embedding reads lm_head's words
     kv_write = bb.add_func((_kv_write_gpu if gpu else _kv_write)(capacity, hh, hd, dtype), "kv_write")
     params = [token, pos] + [c for pair in caches for c in pair]
     params += [v for w in weights for v in _flat(w, LAYER_WEIGHTS)] + _flat(head_w, HEAD_WEIGHTS)
+    if not tied:
+        params += list(table)  # a separate table comes last
     with bb.function(STEP, params, attrs={"num_input": 0}):  # every parameter static: one CUDA graph
         with bb.dataflow():
             x = bb.emit_te(_te_embed, token, *table, dtype, primfunc_name_hint="embed_lookup")
@@ -73,11 +76,11 @@ def _build_step(cfg, layers: int, capacity: int, dtype: str, gpu: bool):
 def build_step(config="full", layers=None, capacity=512, seed=0, dtype="float16", gpu=True) -> Phi2Model:
     """The lowered (fused) module of the one-function decode step (module doc) and the weights' recipe;
     ``gpu``: the KV-cache write with its thread bindings (else plain loops, for a CPU)."""
-    layers = DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
+    name, cfg = resolve_config(config)
+    layers = DEFAULT_LAYERS.get(name, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)
-    cfg = CONFIGS[config]
     mod, _ = lower(_build_step(cfg, layers, int(capacity), dtype, gpu), fusion=True)
-    return Phi2Model(config, cfg, layers, int(capacity), int(seed), mod, dtype=dtype)
+    return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, dtype=dtype)
 
 
 def compile_step(mod, target):
@@ -98,6 +101,8 @@ class StepDecoder(Decoder):
         self.token_t, self.pos_t = self._i32(0), self._i32(0)
         self.args = [self.token_t, self.pos_t] + [c for pair in self.caches for c in pair]
         self.args += [a for w in self.layer_w for a in w] + list(self.head_w)
+        if model.cfg.get("embed", "tied") != "tied":
+            self.args += list(self.table)
 
     def step(self, token, pos, call=None):
         self.token_t.copyfrom(np.array([token], "int32"))
