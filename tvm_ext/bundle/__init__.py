@@ -1,0 +1,1 @@
+"""Build here, time there: measurement bundles for a device that has only TVM's runtime."""
