@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -313,23 +314,44 @@ def _json_database(path_workload: str, path_records: str, allow_missing: bool):
                                     module_equality="structural")
 
 
-def register_record_intrinsics() -> None:
-    """Register the tensor intrinsics that records of our tensorized schedules name (VNNI,
-    AMX, the q4 x int8 tiles): a trace naming one cannot be loaded before."""
+_TENSORIZE = re.compile(rb'"Tensorize",\s*\[[^\]]*\],\s*\["([^"]+)"')
+
+
+def record_intrinsics(*record_paths: str) -> set:
+    """Names of the tensor intrinsics the ``Tensorize`` instructions of these records files name."""
+    names: set = set()
+    for path in record_paths:
+        if path and os.path.exists(path):
+            names.update(m.decode() for m in _TENSORIZE.findall(_read_bytes(path)))
+    return names
+
+
+def register_record_intrinsics(*record_paths: str) -> None:
+    """Register the tensor intrinsics that records name before a database holding them is opened (TVM
+    replays each trace as it loads it, and a trace naming an unknown intrinsic does not load): ours
+    (VNNI, AMX, the q4 x int8 tiles) always; TVM's own (wmma, mma, dp4a: ``tvm.s_tir.tensor_intrin``,
+    imported the fast way, seconds) when a ``Tensorize`` of ``record_paths`` names one not registered
+    yet: the plugin's int8 tensor-core sketches do, and in a fresh process only ``tvm_ext.space()``
+    had imported them."""
+    from tvm.s_tir import TensorIntrin
+
     from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
+    from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
     from tvm_ext.intrinsics.q4_vnni import register_intrinsics as register_q4
     from tvm_ext.intrinsics.vnni import register_intrinsics
 
     register_intrinsics()
     register_amx()
     register_q4()
+    if any(TensorIntrin.get(n, allow_missing=True) is None for n in record_intrinsics(*record_paths)):
+        import_tensor_intrinsics()
 
 
 def _load(path_workload: str, path_records: str, allow_missing: bool,
           shown: list | None = None) -> ms.database.JSONDatabase:
     """JSONDatabase of two checked files; DatabaseCorrupt naming the line TVM cannot load
     (``shown``: the paths to name, when these are a snapshot's)."""
-    register_record_intrinsics()
+    register_record_intrinsics(path_records)
     try:
         return _json_database(path_workload, path_records, allow_missing)
     except Exception as err:  # noqa: BLE001 - TVM's FATAL errors: JSON lines that do not load
