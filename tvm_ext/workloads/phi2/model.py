@@ -390,12 +390,16 @@ class Decoder:
 
         return timed_calls(self.rt, self.dev, lambda vm: run(lambda name, *args: vm[name](*args)))
 
-    def generate(self, prompt, tokens, start=0, on_token=None):
+    def generate(self, prompt, tokens, start=0, on_token=None, on_id=None):
         """Greedy decode of ``tokens`` tokens after ``prompt`` (token ids; the cache holds
-        ``start`` past positions before it): (generated ids, [logits of each step])."""
+        ``start`` past positions before it): (generated ids, [logits of each step]).
+        ``on_token(count)`` / ``on_id(id)`` are called as each token is generated."""
         if tokens < 1 or not len(prompt):
             raise ValueError(f"need a prompt and at least 1 token to generate, not {len(prompt)} and {tokens}")
         check_positions(self.model, start + len(prompt) + tokens - 1)
+        vocab = self.model.cfg["vocab"]
+        if any(not 0 <= int(t) < vocab for t in prompt):
+            raise ValueError(f"token ids must be from 0 to the vocabulary's {vocab - 1}, not {list(prompt)}")
         pos, first = start, None
         if len(prompt) == self.model.prompt:  # the compiled prefill, then the first token from its logits
             first = self.prefill(prompt, start)
@@ -412,6 +416,8 @@ class Decoder:
             out.append(tok)
             logits.append(lg)
             pos += 1
+            if on_id is not None:
+                on_id(tok)
             if on_token is not None:
                 on_token(len(out))
         return out, logits

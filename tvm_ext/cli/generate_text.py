@@ -1,0 +1,89 @@
+"""``tvm-ext generate --model PATH --prompt-text TEXT``: a user's Phi-2 checkpoint (Hugging Face, MLC or GGUF;
+``tvm_ext.workloads.phi2.load``) continues a text, streamed token by token, then prompt and decode tok/s."""
+from __future__ import annotations
+
+import sys
+import time
+
+MODEL_SCHEDULES = ("dlight", "rule", "none")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", metavar="PATH", default=None,
+                   help="a Phi-2 checkpoint instead of random weights: a Hugging Face directory (config.json + "
+                        "*.safetensors of PhiForCausalLM, F32/F16/BF16), an MLC directory (ndarray-cache.json, "
+                        "q4f16_1) or a GGUF file (phi2; Q4_0 exact, Q8_0/F16/F32/K-quants through float); with "
+                        "--prompt-text prints its continuation as it is generated, then prompt and decode tok/s. "
+                        "Needs pip install 'tvm_ext[models]'")
+    p.add_argument("--prompt-text", metavar="TEXT", default=None,
+                   help="with --model: the prompt, tokenized by the checkpoint's tokenizer.json or GGUF vocabulary")
+    p.add_argument("--weights", choices=("q4", "float"), default="q4",
+                   help="with --model: q4 (q4f16_1; float checkpoints quantized on load as MLC does, group 32, "
+                        "default) or float (kept float, computed in float32; q4 checkpoints dequantized)")
+
+
+def run_model(args) -> int:
+    """The ``--model`` branch of ``generate``."""
+    import json
+    import resource
+
+    from tvm_ext.bench.timing import set_threads
+    from tvm_ext.cli.common import check_out_dir, log
+    from tvm_ext.jsonio import write_json
+    from tvm_ext.targets import describe_host, physical_cores
+    from tvm_ext.workloads.phi2 import load
+
+    if args.prompt_text is None:
+        raise ValueError("--model generates from --prompt-text TEXT (--prompt N is the random-weight benchmark's)")
+    if args.prompt or args.peers or args.tune or args.context:
+        raise ValueError("with --model, generate takes --prompt-text, --tokens, --weights, --layers, --schedule, "
+                         "--threads (not --prompt, --context, --peers or --tune: those are the benchmark's)")
+    how = args.schedule or "dlight"
+    if how not in MODEL_SCHEDULES:
+        raise ValueError(f"with --model, --schedule takes one of {', '.join(MODEL_SCHEDULES)}, not {how!r}")
+    check_out_dir(args.out)
+    quiet = (lambda msg: None) if args.quiet else log
+    threads = int(args.threads or physical_cores())
+    set_threads(threads)
+    t0 = time.perf_counter()
+    ckpt = load(args.model, weights=args.weights, layers=args.layers)
+    if ckpt.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer (no tokenizer.json beside it, no vocabulary in the GGUF): "
+                         f"--prompt-text needs one")
+    prompt = ckpt.tokenizer.encode(args.prompt_text)
+    capacity = len(prompt) + args.tokens
+    if capacity > ckpt.cfg["max_positions"]:
+        raise ValueError(f"context overflow: {len(prompt)} prompt tokens + {args.tokens} exceed the model's "
+                         f"{ckpt.cfg['max_positions']} positions")
+    quiet(f"{ckpt.kind} checkpoint {ckpt.path}: {ckpt.layers} layers, hidden {ckpt.cfg['hidden']}, vocab "
+          f"{ckpt.cfg['vocab']}, stored {ckpt.stored}, kept {ckpt.cfg['weights']}; {len(prompt)} prompt tokens")
+    gen = ckpt.generator(capacity=capacity, schedule=how, log=quiet)
+    load_s = time.perf_counter() - t0
+    stream = not args.json
+    if stream:
+        sys.stdout.write(args.prompt_text)
+        sys.stdout.flush()
+
+    def piece(text):
+        if stream:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    out = gen.generate(prompt, args.tokens, on_text=piece)
+    host = describe_host()
+    doc = {"model": ckpt.path, "format": ckpt.kind, "stored": ckpt.stored, "weights": ckpt.cfg["weights"],
+           "layers": ckpt.layers, "schedule": how, "threads": threads, "prompt_text": args.prompt_text,
+           "prompt_ids": out.prompt_ids, "generated": out.ids, "text": out.text,
+           "prompt_tokens": len(out.prompt_ids), "prompt_tok_s": out.prompt_tok_s, "tokens": len(out.ids),
+           "decode_tok_s": out.decode_tok_s, "load_s": load_s,
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})"}
+    if args.out:
+        write_json(args.out, doc)
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print(f"\n\nprompt: {doc['prompt_tokens']} tokens at {out.prompt_tok_s:.2f} tok/s (token by token); decode: "
+              f"{doc['tokens']} tokens at {out.decode_tok_s:.2f} tok/s; load + build {load_s:.1f} s, peak RSS "
+              f"{doc['peak_rss_mb']:.0f} MB; {threads} threads, {doc['device']}")
+    return 0

@@ -1,0 +1,131 @@
+"""GGUF files of llama.cpp's ``phi2`` architecture, read with the ``gguf`` package (memory-mapped).
+
+Q4_0 maps onto our q4f16_1 layout exactly: a block is one fp16 ``d`` and 32 values ``(q - 8) * d`` (element
+j in the low nibble of byte j, element j + 16 in the high one); ours is ``(q' - 7) * s``, so ``q' = 15 - q``
+and ``s = -d`` give the same value for every q in 0..15 (negating a half is exact), and the nibbles are
+repacked eight to a uint32 word.  Every other type (Q8_0, F16, F32, BF16, and what ``gguf.quants``
+dequantizes: Q4_1, Q5_0/1, the K-quants, ...) comes through float: kept float, or quantized as MLC does
+(``checkpoint.quantize_q4``).  A "Q4_0" file from ``llama-quantize`` usually keeps ``output.weight`` in Q6_K:
+that tensor is requantized, the rest are exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .tensors import check_shape, import_optional, missing, pack_nibbles, shape_of
+
+ARCH = "phi2"
+PER_LAYER = {"ln_g": ("attn_norm.weight",), "ln_b": ("attn_norm.bias",), "dense": ("attn_output.weight",),
+             "dense_b": ("attn_output.bias",), "fc1": ("ffn_up.weight",), "fc1_b": ("ffn_up.bias",),
+             "fc2": ("ffn_down.weight",), "fc2_b": ("ffn_down.bias",)}
+GLOBAL = {"lnf_g": "output_norm.weight", "lnf_b": "output_norm.bias", "lm_head": "output.weight",
+          "lm_head_b": "output.bias", "embed": "token_embd.weight"}
+QK = 32  # Q4_0 block
+
+
+def q4_0_to_q4(blocks, rows, k):
+    """Q4_0 bytes (rows, k/32*18) -> our (packed (rows, k/8) uint32, scale (rows, k/32) fp16), exactly."""
+    b = np.asarray(blocks, dtype=np.uint8).reshape(rows, k // QK, 18)
+    d = b[..., :2].copy().view(np.float16).reshape(rows, k // QK)
+    qs = b[..., 2:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(rows, k)  # element j, then j + 16, per block
+    return pack_nibbles(15 - q), -d
+
+
+class GGUFReader:
+    """``checkpoint``'s reader protocol over a GGUF file."""
+
+    def __init__(self, path):
+        gguf = import_optional("gguf", "reading a GGUF file")
+        self.path, self.gguf = path, gguf
+        try:
+            self.file = gguf.GGUFReader(path, "r")
+        except Exception as err:  # noqa: BLE001 -- the package's parse error, in one line
+            raise ValueError(f"{path}: not a GGUF file gguf reads ({str(err).splitlines()[0][:200]})") from None
+        self.tensors = {t.name: t for t in self.file.tensors}
+        arch = self.field("general.architecture")
+        if arch != ARCH:
+            raise ValueError(f"{path}: architecture {arch}, not {ARCH} (Phi-2)")
+        hidden, heads = int(self.field(f"{ARCH}.embedding_length")), int(self.field(f"{ARCH}.attention.head_count"))
+        kv = self.field(f"{ARCH}.attention.head_count_kv", heads)
+        if int(kv) != heads:
+            raise ValueError(f"{path}: {kv} key/value heads for {heads} heads: our Phi decoder has no grouped "
+                             f"attention")
+        if "token_embd.weight" not in self.tensors:
+            raise missing(path, "token_embd.weight")
+        vocab = int(self.tensors["token_embd.weight"].shape[1])  # ggml's ne: (hidden, vocab)
+        self.layers = int(self.field(f"{ARCH}.block_count"))
+        self.cfg = dict(hidden=hidden, heads=heads, mlp=int(self.field(f"{ARCH}.feed_forward_length")), vocab=vocab,
+                        eps=float(self.field(f"{ARCH}.attention.layer_norm_epsilon", 1e-5)),
+                        partial_rotary_factor=int(self.field(f"{ARCH}.rope.dimension_count")) / (hidden // heads),
+                        rope_base=float(self.field(f"{ARCH}.rope.freq_base", 10000.0)),
+                        max_positions=int(self.field(f"{ARCH}.context_length", 2048)),
+                        lm_bias="output.bias" in self.tensors)
+        self.stored = "/".join(sorted({t.tensor_type.name for t in self.file.tensors}))
+
+    def field(self, key, default=None):
+        f = self.file.fields.get(key)
+        if f is None:
+            if default is None:
+                raise ValueError(f"{self.path}: metadata {key} missing")
+            return default
+        return f.contents()
+
+    def _names(self, name, layer):
+        if layer is None:
+            if name == "lm_head" and "output.weight" not in self.tensors:
+                return ("token_embd.weight",)  # llama.cpp ties the output to the embedding where it has none
+            return (GLOBAL[name],)
+        if name in ("qkv", "qkv_b"):
+            kind = "weight" if name == "qkv" else "bias"
+            fused = f"blk.{layer}.attn_qkv.{kind}"
+            return (fused,) if fused in self.tensors else tuple(f"blk.{layer}.attn_{p}.{kind}" for p in "qkv")
+        return tuple(f"blk.{layer}.{p}" for p in PER_LAYER[name])
+
+    def _one(self, tname, shape):
+        """("q4", packed, scale) of a Q4_0 matrix, else ("float", array); ``shape`` its numpy (out, in)."""
+        t = self.tensors.get(tname)
+        if t is None:
+            raise missing(self.path, tname)
+        got = tuple(int(v) for v in reversed(t.shape.tolist()))  # ggml's ne is innermost first
+        check_shape(f"{self.path}: {tname}", _Shape(got), shape)
+        kind = t.tensor_type
+        q = self.gguf.GGMLQuantizationType
+        if kind == q.Q4_0 and len(shape) == 2:
+            return ("q4", *q4_0_to_q4(t.data, *shape))
+        if kind in (q.F32, q.F16):
+            return ("float", np.asarray(t.data).reshape(shape))
+        try:
+            return ("float", self.gguf.quants.dequantize(t.data, kind).reshape(shape))
+        except NotImplementedError:
+            raise ValueError(f"{self.path}: {tname} is {kind.name}, a type gguf cannot dequantize") from None
+
+    def matrix(self, name, layer=None):
+        names = self._names(name, layer)
+        want = shape_of(self.cfg, name)
+        parts = [self._one(n, (want[0] // len(names),) + tuple(want[1:])) for n in names]
+        if len(parts) == 1:
+            return parts[0]
+        if all(p[0] == "q4" for p in parts):
+            return ("q4", np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
+        from .layers import dequantize_np
+
+        return ("float", np.concatenate([p[1] if p[0] == "float" else dequantize_np(*p[1:]).T for p in parts]))
+
+    def vector(self, name, layer=None):
+        got = self.matrix(name, layer)
+        return np.asarray(got[1], dtype=np.float32)
+
+    def tokenizer(self):
+        from .tokenizer import from_gguf
+
+        get = lambda key: self.field(key, None) if key in self.file.fields else None  # noqa: E731
+        return from_gguf(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.merges"), get("tokenizer.ggml.model"),
+                         self.path)
+
+
+class _Shape:
+    """Something with a ``shape``, for ``check_shape`` on a tensor not yet read."""
+
+    def __init__(self, shape):
+        self.shape = shape
