@@ -5,9 +5,11 @@ memory-bandwidth bound measured in the same run."""
 def add_parser(sub) -> None:
     from tvm_ext.cli.common import count
     from tvm_ext.cli.generate_prompt import INT8_DATABASE, SAVED_INT8_DATABASE
+    from tvm_ext.cli.generate_text import add_arguments as add_model_arguments
 
     p = sub.add_parser(
-        "generate", help="whole-model Phi-2 q4 decode: tokens/s vs the bandwidth bound",
+        "generate", help="whole-model Phi-2 q4 decode: tokens/s vs the bandwidth bound; text from a checkpoint "
+                         "(--model PATH --prompt-text TEXT)",
         description="Build the Phi-2 decoder (random q4f32_1 weights passed as parameters, one compiled "
                     "layer called per layer, KV cache of CONTEXT random past positions + TOKENS), "
                     "generate TOKENS tokens greedily on the Relax VM and print tokens/s, the bound "
@@ -72,6 +74,7 @@ def add_parser(sub) -> None:
                    help="with a GPU --target: build the step for each --schedule row and compile its kernels with "
                         "nvcc, no GPU needed; prints which rule scheduled each kernel and the CUDA graph regions")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and the past (default 0)")
+    add_model_arguments(p)  # --model, --prompt-text, --weights: a user's checkpoint (generate_text)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--out", metavar="FILE", help="also write the JSON result to FILE")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -89,6 +92,12 @@ def run(args) -> int:
     from tvm_ext.targets import resolve_target
     from tvm_ext.tune.seeds import is_gpu
 
+    if args.model is not None:  # a user's checkpoint: text in, text out
+        from tvm_ext.cli.generate_text import run_model
+
+        return run_model(args)
+    if args.prompt_text is not None:
+        raise ValueError("--prompt-text needs --model PATH (a checkpoint with a tokenizer)")
     if is_gpu(resolve_target(args.target)):
         return run_gpu(args)
     if args.target != "llvm":
