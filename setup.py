@@ -34,11 +34,21 @@ setup(
                  # the default run on one worker per core (pytest.ini: -n auto); most tests are compiles
                  "pytest-xdist",
                  # the cluster tests start a real Dask scheduler and workers on loopback
-                 "dask[distributed]", "cryptography"],
+                 "dask[distributed]", "cryptography",
+                 # the Phi-2 checkpoint tests write safetensors, GGUF and a tokenizer ([models] reads them)
+                 "safetensors", "tokenizers", "gguf"],
         # ONNX Runtime and OpenVINO as the peers of the int8 benchmarks (--peers ort,ov)
         "bench": ["onnx>=1.16", "onnxruntime>=1.17", "openvino"],
         # tvm-ext tune --cluster: tasks tuned on a Dask-distributed cluster over mutual TLS
         "cluster": ["dask[distributed]", "cryptography"],
+        # tvm-ext generate --model: a user's Phi-2 checkpoint (tokenizer.json via tokenizers, GGUF via gguf;
+        # safetensors files are memory-mapped directly, the package writes them in tests and helpers)
+        "models": ["safetensors", "tokenizers", "gguf"],
+        # the reference's numbers (tests/test_phi2_reference.py, -m slow): transformers' PhiForCausalLM in float32.
+        # Apart from [test] because torch is large: pinned to 2.13.0, the CPU build pip finds on the project's
+        # machines (an unpinned torch pulls a multi-GB CUDA build); transformers 4.48+ has PhiForCausalLM as
+        # Phi-2 ships it (config.json's partial_rotary_factor; 5.x writes rope_parameters, both read)
+        "reference": ["torch==2.13.0", "transformers>=4.48", "safetensors", "tokenizers", "gguf"],
     },
     entry_points={
         "console_scripts": ["tvm-ext=tvm_ext.cli:main"],

@@ -1,0 +1,172 @@
+"""Our decoder against the reference, transformers' ``PhiForCausalLM`` in float32, on small random-init models
+saved with ``save_pretrained`` (several configs: hidden sizes, heads, ``partial_rotary_factor``, tied and
+separate embeddings; qk_layernorm off, as Phi-2).  For the same weights:
+
+* the float path (``load(dir, weights="float")``) against transformers' forward: a prompt, then 32 greedy
+  steps; each step's logits within 1e-4 of transformers' largest |logit| (max |ours - theirs| / max |theirs|);
+* the q4 path (quantized on load as MLC does) against transformers run on the dequantized weights, same bound;
+* the int8-activation path (q4 weights, activations quantized per token and group of 32): its top-1
+  agreement with transformers on the dequantized weights and its largest logit error, reported and bounded.
+
+Needs torch and transformers: ``pip install -e '.[reference]'`` (setup.py says why that extra is apart);
+slow: a torch import and 12 builds, ~1 minute on 2 cores."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+tvm = pytest.importorskip("tvm")
+
+
+def _import_transformers():
+    """transformers imports the PyPI package ``kernels`` (hub kernels), which tests/kernels.py (our tests'
+    shared helpers, first on sys.path under pytest) shadows: import transformers' Phi with the package in
+    place, then give the name back to our helpers."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours, path = sys.modules.pop("kernels", None), sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    try:
+        import transformers
+        import transformers.integrations.hub_kernels  # noqa: F401 -- binds the package's names now
+        from transformers.models.phi import modeling_phi  # noqa: F401
+    except ImportError:
+        pytest.skip("transformers not installed: pip install -e '.[reference]'", allow_module_level=True)
+    finally:
+        sys.path[:] = path
+        sys.modules.pop("kernels", None)
+        if ours is not None:
+            sys.modules["kernels"] = ours
+    return transformers
+
+
+transformers = _import_transformers()
+
+from tvm_ext.workloads.phi2 import load  # noqa: E402
+from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
+from tvm_ext.workloads.phi2.layers import weight_np  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+PROMPT, STEPS, TOL = [3, 17, 42, 99, 7], 32, 1e-4
+CONFIGS = {  # hidden, heads, intermediate, vocab, layers, partial_rotary_factor, tied
+    "h64-4heads-half-rotary": (64, 4, 256, 128, 2, 0.5, False),
+    "h96-3heads-quarter-rotary-tied": (96, 3, 192, 160, 2, 0.25, True),
+    "h128-8heads-full-rotary": (128, 8, 256, 128, 3, 1.0, False),
+    "h160-2heads-phi2-heads": (160, 2, 640, 256, 2, 0.4, False),  # head_dim 80, 32 rotary dims: Phi-2's heads
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def saved(request, tmp_path_factory):
+    hidden, heads, mlp, vocab, layers, prf, tied = CONFIGS[request.param]
+    torch.manual_seed(sum(map(ord, request.param)))
+    config = transformers.PhiConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
+                                    num_hidden_layers=layers, num_attention_heads=heads, partial_rotary_factor=prf,
+                                    tie_word_embeddings=tied, qk_layernorm=False, attn_implementation="eager")
+    model = transformers.PhiForCausalLM(config).eval()
+    with torch.no_grad():  # transformers' init (std 0.02, zero biases) leaves every logit near 0: widen it
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.02)
+            elif p.dim() == 2 and "embed" not in name:
+                p.normal_(0.0, 1.0 / np.sqrt(p.shape[1]))
+            elif "embed" in name:
+                p.normal_(0.0, 1.0)
+    d = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(d)
+    model.rotary_dims = int(hidden // heads * prf)  # transformers' rule, what ours must take from config.json
+    return str(d), model
+
+
+def _ours(ckpt, compute="float"):
+    """Our greedy ids and each step's logits over PROMPT then STEPS tokens."""
+    model = ckpt.build(capacity=len(PROMPT) + STEPS, compute=compute)
+    if compute == "int8":
+        from tvm_ext.bench.phi2.decode import decoder
+
+        dec = decoder(model, "llvm", "int8")
+    else:
+        dec = pm.Decoder(model, tvm.compile(model.mod, target="llvm"))
+    return dec.generate(PROMPT, STEPS)
+
+
+def _theirs(model, ids):
+    """transformers' float32 logits at the positions our steps predicted from (one forward, teacher-forced)."""
+    with torch.no_grad():
+        out = model(torch.tensor([PROMPT + ids])).logits[0].double().numpy()
+    return out[len(PROMPT) - 1:len(PROMPT) - 1 + len(ids)]
+
+
+def _worst(ours, theirs):
+    return max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(ours, theirs))
+
+
+def _dequantized(model, ckpt):
+    """transformers' model with the weights our q4 path computes with (every matrix dequantized)."""
+    src, h = ckpt.source, ckpt.cfg["hidden"]
+    deq = transformers.PhiForCausalLM(model.config).eval()
+    deq.load_state_dict(model.state_dict())
+    t = lambda a: torch.tensor(np.asarray(a, dtype=np.float32))  # noqa: E731
+    with torch.no_grad():
+        for i, layer in enumerate(deq.model.layers):
+            w = src.layer_weights(i)
+            qkv = weight_np(w["qkv"]).T
+            for j, proj in enumerate((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)):
+                proj.weight.copy_(t(qkv[j * h:(j + 1) * h]))
+            layer.self_attn.dense.weight.copy_(t(weight_np(w["dense"]).T))
+            layer.mlp.fc1.weight.copy_(t(weight_np(w["fc1"]).T))
+            layer.mlp.fc2.weight.copy_(t(weight_np(w["fc2"]).T))
+        deq.model.embed_tokens.weight.copy_(t(weight_np((*src.embed_weights()[:2], None)).T))
+        deq.lm_head.weight.copy_(t(weight_np(src.head_weights()["lm_head"]).T))
+    return deq
+
+
+def _say(capsys, path, what, worst):
+    with capsys.disabled():
+        print(f"\n{path.rsplit('/', 1)[-1]}: {what}: max error {worst:.2e} of the largest |logit|, "
+              f"{STEPS} greedy steps after a {len(PROMPT)}-token prompt")
+
+
+def test_float_path_matches_transformers(saved, capsys):
+    path, model = saved
+    ckpt = load(path, weights="float")
+    assert ckpt.cfg["embed"] == "table" and ckpt.cfg["rotary"] == model.rotary_dims
+    ids, logits = _ours(ckpt)
+    theirs = _theirs(model, ids)
+    assert ids == [int(np.argmax(x)) for x in theirs]
+    _say(capsys, path, "float path vs transformers", _worst(logits, theirs))
+    assert _worst(logits, theirs) <= TOL
+    assert not np.allclose(logits[0], logits[-1], atol=1e-3)  # each step attends to a longer past
+
+
+def test_q4_path_matches_transformers_on_the_dequantized_weights(saved, capsys):
+    path, model = saved
+    ckpt = load(path, weights="q4")
+    ids, logits = _ours(ckpt)
+    theirs = _theirs(_dequantized(model, ckpt), ids)
+    assert ids == [int(np.argmax(x)) for x in theirs]
+    _say(capsys, path, "q4 path vs transformers on the dequantized weights", _worst(logits, theirs))
+    assert _worst(logits, theirs) <= TOL
+    # and the quantization moved the logits (the check above is not the float path's again)
+    assert _worst(logits, _theirs(model, ids)) > 10 * TOL
+
+
+def test_int8_activation_path_top1_and_error(saved, capsys):
+    pytest.importorskip("tvm_ext.rules.q4_int8_gemm")
+    from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
+
+    try:
+        check_target("llvm")
+    except ValueError as err:
+        pytest.skip(f"no int8 GEMM on this host: {err}")
+    path, model = saved
+    ckpt = load(path, weights="q4")
+    ids, logits = _ours(ckpt, "int8")
+    theirs = _theirs(_dequantized(model, ckpt), ids)  # teacher-forced on our own ids
+    top1 = float(np.mean([int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(logits, theirs)]))
+    worst = _worst(logits, theirs)
+    _say(capsys, path, f"int8 activations vs transformers on the dequantized weights, top-1 {100 * top1:.0f}% of "
+         f"{STEPS} steps", worst)
+    assert top1 >= 0.9 and worst < 0.05
