@@ -9,7 +9,7 @@ setup(
     packages=["tvm_ext", "tvm_ext.intrinsics", "tvm_ext.tune", "tvm_ext.workloads", "tvm_ext.workloads.phi2",
               "tvm_ext.bench", "tvm_ext.bench.phi2",
               "tvm_ext.check", "tvm_ext.cli", "tvm_ext.testing", "tvm_ext.rules", "tvm_ext.postprocs",
-              "tvm_ext.frontend", "tvm_ext.cluster"],
+              "tvm_ext.frontend", "tvm_ext.cluster", "tvm_ext.report"],
     package_dir={
         "tvm_ext": "tvm_ext",
         "tvm_ext.rules": "rules",
@@ -36,7 +36,9 @@ setup(
                  # the cluster tests start a real Dask scheduler and workers on loopback
                  "dask[distributed]", "cryptography",
                  # the Phi-2 checkpoint tests write safetensors, GGUF and a tokenizer ([models] reads them)
-                 "safetensors", "tokenizers", "gguf"],
+                 "safetensors", "tokenizers", "gguf",
+                 # the report pages' tests draw figures and read their points back
+                 "matplotlib"],
         # ONNX Runtime and OpenVINO as the peers of the int8 benchmarks (--peers ort,ov)
         "bench": ["onnx>=1.16", "onnxruntime>=1.17", "openvino"],
         # tvm-ext tune --cluster: tasks tuned on a Dask-distributed cluster over mutual TLS
@@ -49,6 +51,8 @@ setup(
         # machines (an unpinned torch pulls a multi-GB CUDA build); transformers 4.48+ has PhiForCausalLM as
         # Phi-2 ships it (config.json's partial_rotary_factor; 5.x writes rope_parameters, both read)
         "reference": ["torch==2.13.0", "transformers>=4.48", "safetensors", "tokenizers", "gguf"],
+        # tvm-ext report DIR|FILE.json --html/--png: figures drawn with matplotlib (Agg, no display)
+        "report": ["matplotlib"],
     },
     entry_points={
         "console_scripts": ["tvm-ext=tvm_ext.cli:main"],

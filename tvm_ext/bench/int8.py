@@ -66,10 +66,15 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
         runs["tvm-onnx"], diff = peer_module().tvm_onnx_network(workload, target, log)
         rows.append({"ruleset": "tvm-onnx", "exact_match": diff["frac_differ"] == 0, **diff})
     log(f"timing {len(runs)} networks interleaved, {rounds} rounds ...")
-    medians, warm_medians = time_turns(runs, rounds, warm=warm, log=log)
+    samples = {}
+    medians, warm_medians = time_turns(runs, rounds, warm=warm, log=log, samples=samples)
     _put_times(rows, medians, rulesets, "e2e_ms", "ratio_to_plugin")
     if warm:
         _put_times(rows, warm_medians, rulesets, "warm_ms", "warm_ratio_to_plugin")
+    for row in rows:  # every round's time, for the spread (tvm-ext report FILE.json --html draws it)
+        row["e2e_ms_rounds"] = [s * 1e3 for s in samples[row["ruleset"]]["first"]]
+        if warm:
+            row["warm_ms_rounds"] = [s * 1e3 for s in samples[row["ruleset"]]["warm"]]
     found = None
     if breakdown:
         from tvm_ext.bench.breakdown import breakdown as where_time_goes

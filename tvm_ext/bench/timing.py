@@ -41,19 +41,21 @@ def time_interleaved(callables: dict, rounds: int, warmup: int = 1, repeat: int 
 
 
 def time_turns(callables: dict, rounds: int, warmup: int = 1, repeat: int = 1, warm: int = 0,
-               settle=wait_until_idle, log=None, clock=time.perf_counter) -> tuple[dict, dict]:
+               settle=wait_until_idle, log=None, clock=time.perf_counter,
+               samples: dict | None = None) -> tuple[dict, dict]:
     """``time_interleaved``'s medians, and the medians of ``warm`` more calls timed right after
     each turn's ``repeat`` ({} for ``warm`` 0).  A turn's first call finds the caches holding
     the other runtimes' data (a network's weights come from DRAM) and its threads asleep; the
     ``warm`` calls find its own weights in the cache and its threads spinning: a runtime
-    called in a loop."""
+    called in a loop.  ``samples``, when given, receives every timed call's seconds in round
+    order: {name: {"first": [...], "warm": [...]}} (the spread a report draws)."""
     if rounds < 1 or repeat < 1 or warm < 0:
         raise ValueError(f"rounds and repeat must be >= 1 and warm >= 0, not {rounds}, {repeat} and {warm}")
     names = list(callables)
     for _ in range(warmup):
         for name in names:
             callables[name]()
-    samples = {name: [] for name in names}
+    timed = {name: [] for name in names}
     warm_samples = {name: [] for name in names}
     busy = 0
     for r in range(rounds):
@@ -64,11 +66,13 @@ def time_turns(callables: dict, rounds: int, warmup: int = 1, repeat: int = 1, w
             for i in range(repeat + warm):
                 start = clock()
                 callables[name]()
-                (samples if i < repeat else warm_samples)[name].append(clock() - start)
+                (timed if i < repeat else warm_samples)[name].append(clock() - start)
     if busy and log is not None:
         log(f"note: {busy} of {rounds * len(names)} turns began with this process's threads still busy "
             f"(another job on this machine?): these timings are noisier")
-    medians = {name: statistics.median(values) for name, values in samples.items()}
+    if samples is not None:
+        samples.update({name: {"first": first, "warm": warm_samples[name]} for name, first in timed.items()})
+    medians = {name: statistics.median(values) for name, values in timed.items()}
     return medians, ({name: statistics.median(v) for name, v in warm_samples.items()} if warm else {})
 
 

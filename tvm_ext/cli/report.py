@@ -3,26 +3,63 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("report", help="summarize a tuning database",
+    p = sub.add_parser("report", help="summarize a tuning database; draw it, or a bench/generate JSON, as a page",
                        description="Print per task: name, weight, trials, best latency and "
                                    "kernels in the best schedule (device kernels on cuda, "
                                    "top-level loop nests on llvm), and the weighted end-to-end "
-                                   "estimate.")
-    p.add_argument("work_dir", metavar="DIR", help="a work dir written by 'tvm-ext tune'")
+                                   "estimate. With --html/--png (the [report] extra: matplotlib): draw the "
+                                   "work dir (the estimate over trials and tuning time, every task's tuning "
+                                   "curve with its weight, the tasks' shares, the in-network picks, target and "
+                                   "CPU) or a JSON of 'tvm-ext bench' or 'tvm-ext generate' (runtimes per round "
+                                   "beside the peers, kernels against their bandwidth bound or vpdpbusd peak) "
+                                   "as one self-contained HTML page, figures embedded, no network needed.")
+    p.add_argument("work_dir", metavar="DIR|FILE.json",
+                   help="a work dir written by 'tvm-ext tune', or (with --html/--png) a JSON written by "
+                        "'tvm-ext bench' or 'tvm-ext generate'")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--html", metavar="OUT.html", default=None, help="write the page with every figure to OUT.html")
+    p.add_argument("--png", metavar="DIR", default=None,
+                   help="write every figure as DIR/<name>-<figure>.png (<name>: the work dir's or JSON's)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import json
+    import os
 
     from tvm_ext import tune as tuning
+
+    if args.html or args.png:
+        if args.json:
+            raise ValueError("--json prints the text report's data; draw with --html/--png without it")
+        return draw(args.work_dir, args.html, args.png)
+    if os.path.isfile(args.work_dir):
+        raise ValueError(f"{args.work_dir} is a file: a JSON of bench or generate is drawn, add --html OUT.html "
+                         "or --png DIR")
 
     result = tuning.report(args.work_dir)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         print(format_report(result))
+    return 0
+
+
+def draw(path: str, html: str | None, png_dir: str | None) -> int:
+    """``--html``/``--png``: the page of a work dir or a result JSON (``tvm_ext.report``)."""
+    import os
+
+    from tvm_ext.cli.common import log
+    from tvm_ext.report import page_for, require_matplotlib, write_html, write_pngs
+
+    require_matplotlib()  # one line before any work when the [report] extra is missing
+    page = page_for(path)
+    if html:
+        log(f"wrote {write_html(page, html)} ({len(page.figures)} figures)")
+    if png_dir:
+        name = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+        for written in write_pngs(page, png_dir, name):
+            log(f"wrote {written}")
     return 0
 
 
