@@ -46,7 +46,7 @@ def test_two_honest_float16_sums_fail_the_old_check_and_pass_the_new(gemv):
     for out in (serial, tree):
         ok, verdict = check_output(out, ref, K)
         assert ok, verdict
-    assert float_tolerance("float16", K) < 0.2  # a wrong element (off by ~the rms) still fails
+    assert float_tolerance("float16", K) < 0.25  # a wrong element (off by ~the rms) still fails
 
 
 def test_wrong_unwritten_and_nan_outputs_fail(gemv):

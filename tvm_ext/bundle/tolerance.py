@@ -14,12 +14,15 @@ as independent and uniform (variance ``u**2 / 3``), the sum's error is ``sum_k d
 the partial sums.  For random-sign terms of rms ``s``, ``E S_k**2 = k s**2``, so the error's rms is
 ``u s sqrt(K**2 / 6)`` = ``u sqrt(K / 6)`` times the output's rms ``sqrt(K) s``; for same-sign terms
 (a sum of squares) it is ``u sqrt(K) / 3`` of the output: both ``~u sqrt(K / 6)``.  The product, the
-dequantize and the output's own rounding add about one ``u`` each.  The check allows
-``SIGMAS = 6`` of those rms errors in every element, measured against the reference's rms, and
-``sqrt(K / 6 + ROUNDINGS)`` with ``ROUNDINGS = 4``: for Phi-2's K = 10240, float16, an element may be
-off by 12 % of the outputs' rms; a blocked or tree-shaped sum (what GPU schedules do) lands far
-inside, a wrong element (off by ~the rms) or a NaN (never passes) does not.  The old check, any two
-float16 schedules within 1e-3 of each other, fails honest kernels as soon as K is in the thousands.
+dequantize and the output's own rounding add about one ``u`` each (``ROUNDINGS = 4``).  The check
+allows ``SIGMAS = 10`` of those rms errors in every element, measured against the reference's rms:
+the largest of 51200 Gaussian errors (the lm_head's outputs) is ~4.5 sigma, and a schedule that
+splits or factors its sums (``s * (sum x q - 7 sum x)``) carries partial sums up to ~2x the output's
+magnitude (seen on the CPU: a factored float32 GEMV at 4.1 sigma over 256 outputs).  For Phi-2's
+K = 10240 in float16 an element may be off by 20 % of the outputs' rms: a blocked or tree-shaped sum
+(what GPU schedules do) lands far inside, a wrong element (off by ~the rms) or a NaN (never passes)
+does not.  The old check, any two float16 schedules within 1e-3 of each other, fails honest kernels
+as soon as K is in the thousands.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import math
 import numpy as np
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
-SIGMAS = 6.0
+SIGMAS = 10.0
 ROUNDINGS = 4.0
 
 

@@ -1,0 +1,76 @@
+"""Every call the bundle makes into the rule sets, the scheduling policy and the workloads, in one place.
+
+The rules and the schedule dispatch are being reshaped (issue 51); a rename there is a one-line change
+here.  Nothing else in ``tvm_ext.bundle`` imports ``tvm_ext.rulesets``, ``tvm_ext.tune.seeds`` or the
+Phi-2 bench's kernel sets.
+"""
+from __future__ import annotations
+
+
+def _policy():
+    """The module holding the one-kernel scheduling policy (issue 51 moves it to ``tvm_ext.scheduling``)."""
+    try:
+        from tvm_ext import scheduling
+    except ImportError:
+        from tvm_ext.tune import seeds as scheduling
+    return scheduling
+
+
+def is_gpu(target) -> bool:
+    return target.kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
+
+
+def space(target, ruleset: str):
+    """The rule set's design space (rules + postprocs, our VerifyGPUCode included on GPUs)."""
+    from tvm_ext.rulesets import check_ruleset, space as make_space
+
+    check_ruleset(ruleset)
+    return make_space(target, ruleset)
+
+
+def untuned_schedule(mod, target):
+    """The untuned row's Schedule of a task: our rules' where one matches, else dlight's, else as built."""
+    return _policy().untuned_schedule(mod, target)
+
+
+def rule_schedule(mod, target):
+    """Our rules' untuned Schedule of a kernel, or None where none of them takes it."""
+    found = _policy().rule_schedule(mod, target)
+    return found[1] if found is not None else None
+
+
+def dlight_schedule(mod, target):
+    """dlight's Schedule of a kernel, or None (the Phi-2 table's peer row)."""
+    return _policy().dlight_schedule(mod, target)[1]
+
+
+def workload(name: str, **options):
+    import tvm_ext.workloads as workloads
+
+    return workloads.get(name, **options)
+
+
+def tasks(wl, target) -> list:
+    """[(name, weight, IRModule)] of a workload, largest weight first (what ``tvm-ext tune`` tunes)."""
+    from tvm_ext.tune.driver import extract_tasks
+
+    return [(t.name, t.weight, t.mod) for t in extract_tasks(wl, target)]
+
+
+def phi2_kernels(workload_name: str, config: str, context: int, dtype: str) -> dict:
+    """{fusion (bool): [(kernel name, calls a step, normalized IRModule)]} of the Phi-2 bench."""
+    from tvm_ext.bench.phi2.kernels import kernelsets
+
+    normalize = _policy().normalize if hasattr(_policy(), "normalize") else __import__(
+        "tvm_ext.bench.phi2.kernels", fromlist=["normalize"]).normalize
+
+    _, kss = kernelsets(workload_name, config, context, 1, dtype)
+    out = {}
+    for fusion, ks in kss.items():
+        seen, rows = set(), []
+        for k in ks.kernels:
+            if k.name not in seen:
+                seen.add(k.name)
+                rows.append((k.name, sum(x.calls for x in ks.kernels if x.name == k.name), normalize(k.func)))
+        out[fusion] = rows
+    return out
