@@ -32,10 +32,11 @@ Other functions are left as they are (``matches`` is False), the dequantize-GEMV
 
 Prefill (512 queries over 528 positions, 2-core AVX-512 EPYC, a layer): attn_score 4.2 ms, attn_value
 3.8 ms as register tiles (the rfactored dot form and 4 x 16 strips before: 44 and 8.2 ms; MetaSchedule
-after 32 trials: 20.6 and 8.1 ms).  Used untuned (``untuned(mod, target)``) by the
-Phi-2 ``rule`` schedules, as the first record of a tuning (``schedule_of``), and as a MetaSchedule
-rule (``ContractionCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule with its
-tiles sampled (the one-query axpy form's part count, the several-query forms' queries per tile).
+after 32 trials: 20.6 and 8.1 ms).
+
+``ContractionCPU().apply(func, target, tunable)`` is that schedule (the scheduling pass's; the first
+record of a tuning); its MetaSchedule face (in ``tvm_ext.space`` for llvm) adds it beside MetaSchedule's sketches
+with its tiles sampled (the one-query axpy form's part count, the several-query forms' queries per tile).
 """
 from __future__ import annotations
 
@@ -43,15 +44,12 @@ from typing import Optional
 
 from tvm import tirx
 from tvm.ir.expr import TensorLoad
-from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 
-from tvm_ext.contraction_pattern import axpy_load, big_load, single_contraction, uses
-from tvm_ext.tir_utils import (collect, one_candidate, planned_schedule, sample_choice,
-                               untuned_and_matches, working_func)
+from tvm_ext.analysis.contraction_pattern import axpy_load, big_load, single_contraction, uses
+from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.tir_utils import collect, sample_choice
 
 LANES = 8  # float32 lanes of one AVX2 register
-SKIP = ("schedule_rule", "None")
 PARTS = (16, 8, 4, 2)  # parallel ranges of the reduction in the one-query axpy form (those that divide
 # it; the first is the untuned one): one range per thread or more, each streamed in memory order
 CHUNKS = (256, 128, 64)  # outputs per parallel chunk where no part count divides the reduction
@@ -93,12 +91,6 @@ def schedule(sch, form: str, sample: bool = False, annotate: bool = False) -> No
         root = sch.get_sblock("root")
         for blk in list(sch.get_child_blocks(root)) + [root]:
             sch.annotate(blk, *SKIP)
-
-
-def schedule_of(func, name: str = "main"):
-    """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
-    tuning database), or None where it does not match."""
-    return planned_schedule(func, name, _form, schedule)
 
 
 def _in_memory_order(sch, block, loops) -> list:
@@ -276,25 +268,14 @@ def _axpy(sch, block, spatial, red, sample: bool = False) -> None:
     sch.decompose_reduction(block, red)
 
 
-untuned, matches = untuned_and_matches(schedule_of, "a contraction this rule handles")
+class ContractionCPU(ScheduleRule):
+    """A single-block contraction (module doc), read in memory order; the tiles sampled when tunable
+    (a 512-token prefill's attn_score: ours 41.5 ms a layer, a MetaSchedule one 13.1 ms)."""
 
+    name = "contraction_cpu"
 
-@derived_object
-class ContractionCPU(PyScheduleRule):
-    """Schedule rule: a single-block contraction (module doc) scheduled as ``untuned`` does, the
-    one-query axpy form's chunk size a sampled decision, added beside MetaSchedule's own sketches (a
-    512-token prefill's attn_score: ours 41.5 ms a layer, a MetaSchedule one 13.1 ms); every other
-    function passes."""
+    def plan(self, func, target):
+        return _form(func)
 
-    def _initialize_with_tune_context(self, context) -> None:
-        pass
-
-    def apply(self, sch, block):
-        form = _form(working_func(sch))
-        if form is None:
-            return [sch]
-        return one_candidate(sch, lambda cand: schedule(cand, form, sample=True, annotate=True))
-
-    def clone(self):
-        return ContractionCPU()
-
+    def schedule(self, sch, plan, target, sample=False, annotate=False):
+        schedule(sch, plan, sample=sample, annotate=annotate)

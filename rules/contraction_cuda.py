@@ -1,6 +1,6 @@
 """ContractionCUDA: decode attention's value product on GPUs, read row by row with coalesced loads.
 
-Pattern (``tvm_ext.contraction_pattern``, by structure): a one-block contraction whose operand's
+Pattern (``tvm_ext.analysis.contraction_pattern``, by structure): a one-block contraction whose operand's
 innermost index follows the output's innermost var and not the reduction -- the decode
 ``value[c] = sum_r p[c // d, r] V[r, c // d, c % d]`` over the KV cache's positions ``r``.
 
@@ -24,16 +24,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
-
-from tvm_ext.contraction_pattern import axpy_load, single_contraction
-from tvm_ext.tir_utils import one_candidate, planned_schedule, sample_choice, untuned_and_matches, working_func
+from tvm_ext.analysis.contraction_pattern import axpy_load, single_contraction
+from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.tir_utils import sample_choice
 
 COLUMNS = (64, 32, 128)  # outputs per block (threadIdx.x)
 PARTS = (8, 4, 16, 2)  # position ranges per output (threadIdx.y)
 UNROLL = 16
-SKIP = ("schedule_rule", "None")
 
 
 def _plan(func) -> Optional[tuple]:
@@ -86,27 +83,14 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
             sch.annotate(blk, *SKIP)
 
 
-def schedule_of(func, name: str = "main"):
-    """A Schedule of ``func`` (as ``name``) with the defaults, or None where it does not match."""
-    return planned_schedule(func, name, _plan, schedule)
+class ContractionCUDA(ScheduleRule):
+    """Decode attention's value product (module doc); columns and parts sampled when tunable."""
 
+    name = "contraction_cuda"
+    gpu = True
 
-untuned, matches = untuned_and_matches(schedule_of, "a decode value product this rule handles")
+    def plan(self, func, target):
+        return _plan(func)
 
-
-@derived_object
-class ContractionCUDA(PyScheduleRule):
-    """Schedule rule: the value product's sketch with sampled tiles (module doc), added beside the other
-    rules' sketches; every other function passes."""
-
-    def _initialize_with_tune_context(self, context) -> None:
-        pass
-
-    def apply(self, sch, block):
-        plan = _plan(working_func(sch))
-        if plan is None:
-            return [sch]
-        return one_candidate(sch, lambda cand: schedule(cand, plan, sample=True, annotate=True))
-
-    def clone(self):
-        return ContractionCUDA()
+    def schedule(self, sch, plan, target, sample=False, annotate=False):
+        schedule(sch, plan, sample=sample, annotate=annotate)

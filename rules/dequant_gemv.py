@@ -1,6 +1,6 @@
 """DequantGEMV: CPU schedules for q4 decode kernels (dequantize + GEMV + epilogue).
 
-Pattern (``tvm_ext.gemv_pattern``, by structure): one activation row times a weight that a
+Pattern (``tvm_ext.analysis.gemv_pattern``, by structure): one activation row times a weight that a
 dequantize block (or its inlined expression) makes from packed integer words ``P[n, k // pack]``
 and per-group scales ``S[n, k // group]``, followed by elementwise epilogues (bias, gelu,
 residual adds) -- Phi-2's qkv, dense, fc1, fc2 and lm_head decode kernels, fused or with the
@@ -35,7 +35,7 @@ between 1.45x and 5.5x the DRAM bound on Phi-2's qkv on the AVX-512 host it was 
 Its epilogues follow in one parallel, vectorized loop.  It applies only where the dequantize
 is written as Phi-2's kernels write it (``q4_weight``; tensorize checks the structure) and
 reassociates the float sums (errors of the order of the other sketches' against NumPy).
-``untuned`` uses it where it applies, and the MetaSchedule rule offers it as its first sketch
+The untuned schedule uses it where it applies, and the MetaSchedule rule offers it as its first sketch
 (tensorized in the rule, every block then marked for the other rules to skip; it replays and passes
 the llvm postprocessors), the scheduled sketches after it.
 
@@ -44,19 +44,18 @@ the number of groups; defaults ``DEFAULT_ROWS`` / ``DEFAULT_SUMS`` / ``DEFAULT_S
 Blocks it scheduled are annotated ``schedule_rule: "None"`` so that later rules leave them
 alone. Anything that does not match is returned unchanged, for TVM's other rules.
 
-``untuned(mod, target)`` applies the default decisions to every matching PrimFunc of a module
-without tuning (like dlight) and leaves the others unchanged; ``matches(func)`` says which.
+``DequantGEMV().apply(func, target)`` is the schedule with the default decisions, without tuning (like
+dlight); None where the function does not match.
 """
 from __future__ import annotations
 
 import tvm
-from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.gemv_pattern import GemvPattern, inline_around, match, match_func
-from tvm_ext.tir_utils import sample_choice, schedule_each
+from tvm_ext.analysis.gemv_pattern import GemvPattern, inline_around, match, match_func
+from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.tir_utils import sample_choice
 
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
 # change the loop count of the lane-sum block between draws, which a trace replay cannot follow
@@ -67,7 +66,6 @@ DEFAULT_ROWS = 4
 DEFAULT_SUMS = 32
 DEFAULT_SPLITS = 4
 MIN_TILES_PER_CORE = 4  # below this many N tiles per core, split K as well
-SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
 
 
 def row_candidates(pattern: GemvPattern) -> list:
@@ -85,7 +83,7 @@ def split_candidates(pattern: GemvPattern) -> list:
 def schedule_gemv(sch, block, pattern: GemvPattern, sample: bool = False, annotate: bool = False,
                   split_k: bool = False):
     """Schedule the matched function in place (see module doc); returns the block whose
-    reduction init ``untuned`` separates (the per-lane partial sums).
+    reduction init the untuned schedule separates (the per-lane partial sums).
 
     ``block``: the GEMV block of ``sch``. ``sample``: rows/sums(/splits) as sampled decisions
     (a MetaSchedule design space) instead of the defaults. ``annotate``: mark the blocks done.
@@ -188,73 +186,63 @@ def _cores(target) -> int:
     return physical_cores()
 
 
-def schedule_of(func, name: str = "main", target=None):
-    """A Schedule of ``func`` (as ``name``) with the default decisions (split-K when N is small for
-    the target's ``num-cores``), or None when it does not match (or an epilogue cannot follow the
-    GEMV's tiles, e.g. one that is not elementwise over N)."""
-    pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
-    if pattern is None:
-        return None
-    lanes = factored_lanes(target)
-    if lanes is not None:
+class DequantGEMV(ScheduleRule):
+    """The dequantize-GEMV design space (module doc): untuned, the factored sketch where the target has
+    its vector unit, else the scheduled one with the defaults (split-K when N is small for the target's
+    ``num-cores``); as a MetaSchedule rule every sketch, the decisions sampled."""
+
+    name = "dequant_gemv"
+
+    def plan(self, func, target):
+        return match_func(func)
+
+    def schedule(self, sch, plan, target, sample=False, annotate=False):
+        split_k = wants_split_k(plan, _cores(tvm.target.Target(target) if target is not None else None))
+        lane_sums = schedule_gemv(sch, sch.get_sblock(plan.gemv), plan, sample=sample, annotate=annotate,
+                                  split_k=split_k)
+        if not annotate:
+            sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-4])  # init before the group loop
+
+    def schedule_as(self, func, name, target, tunable=False):
+        """Or None where it does not match (or an epilogue cannot follow the GEMV's tiles, e.g. one
+        that is not elementwise over N)."""
+        pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if pattern is None:
+            return None
+        lanes = factored_lanes(target)
+        if lanes is not None:
+            sch = Schedule(tvm.IRModule({name: func}))
+            sch.work_on(name)
+            try:
+                schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes)
+                return sch
+            except (ScheduleError, ValueError, StopIteration):
+                pass  # not the intrinsic's form: the scheduled sketches below
         sch = Schedule(tvm.IRModule({name: func}))
         sch.work_on(name)
         try:
-            schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes)
-            return sch
-        except (ScheduleError, ValueError, StopIteration):
-            pass  # not the intrinsic's form: the scheduled sketches below
-    sch = Schedule(tvm.IRModule({name: func}))
-    sch.work_on(name)
-    split_k = wants_split_k(pattern, _cores(tvm.target.Target(target) if target is not None else None))
-    try:
-        lane_sums = schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, split_k=split_k)
-        sch.decompose_reduction(lane_sums, sch.get_loops(lane_sums)[-4])  # init before the group loop
-    except ScheduleError:
-        return None
-    return sch
+            self.schedule(sch, pattern, target, sample=tunable)
+        except ScheduleError:
+            return None
+        return sch
 
-
-def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """Every PrimFunc of ``mod`` that ``matches`` scheduled with the default decisions; the others
-    unchanged."""
-    return schedule_each(mod, lambda func, name: schedule_of(func, name, target))
-
-
-def matches(func) -> bool:
-    """Whether ``untuned`` schedules ``func`` (a dequantize-GEMV this rule handles)."""
-    return schedule_of(func) is not None
-
-
-@derived_object
-class DequantGEMV(PyScheduleRule):
-    """Schedule rule: the dequantize-GEMV design space (see module doc); other blocks pass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cores = 1
-        self.lanes = None
-
-    def _initialize_with_tune_context(self, context) -> None:
-        self.cores = _cores(context.target)
-        self.lanes = factored_lanes(context.target)
-
-    def apply(self, sch, block):
+    def candidates(self, sch, block, target):
         pattern = match(sch, block)
         if pattern is None:
             return [sch]
         out = []
-        if self.lanes is not None:  # the factored sketch first, where the target has its vector unit
+        lanes = factored_lanes(target)
+        if lanes is not None:  # the factored sketch first, where the target has its vector unit
             cand = sch.copy()
             try:
-                schedule_factored(cand, cand.get_sblock(sch.get(block).name_hint), pattern, self.lanes)
+                schedule_factored(cand, cand.get_sblock(sch.get(block).name_hint), pattern, lanes)
                 for blk in cand.get_child_blocks(cand.get_sblock("root")) + [cand.get_sblock("root")]:
                     cand.annotate(blk, *SKIP)
                 out.append(cand)
             except (ScheduleError, ValueError, StopIteration):
                 pass  # not the intrinsic's form: the sampled sketches below
-        variants = [False] + ([True] if wants_split_k(pattern, self.cores) else [])
-        for split_k in variants:
+        cores = _cores(target) if target is not None else 1
+        for split_k in [False] + ([True] if wants_split_k(pattern, cores) else []):
             cand = sch.copy()
             try:
                 schedule_gemv(cand, block, pattern, sample=True, annotate=True, split_k=split_k)
@@ -262,8 +250,3 @@ class DequantGEMV(PyScheduleRule):
                 continue
             out.append(cand)
         return out or [sch]
-
-    def clone(self):
-        other = DequantGEMV()
-        other.cores, other.lanes = self.cores, self.lanes
-        return other

@@ -1,6 +1,6 @@
 """DequantGEMVCUDA: CUDA schedules for q4 decode kernels (dequantize + GEMV + epilogue).
 
-Pattern: the one rules/dequant_gemv.py schedules for CPUs (``tvm_ext.gemv_pattern``, by structure):
+Pattern: the one rules/dequant_gemv.py schedules for CPUs (``tvm_ext.analysis.gemv_pattern``, by structure):
 one activation row times a weight dequantized from packed words ``P[n, k // 8]`` and per-group scales
 ``S[n, k // 32]``, then elementwise epilogues -- Phi-2's q4f16_1 qkv, dense + residuals, fc1 + gelu,
 fc2 and lm_head decode kernels, fused or with the dequantize a separate block.
@@ -26,19 +26,15 @@ One sketch per ``threads`` count whose steps tile K exactly with some ``words`` 
 workload defines it).  Blocks it scheduled are annotated ``schedule_rule: "None"`` so that later
 rules leave them alone; anything that does not match is returned unchanged, for TVM's other rules.
 
-``untuned(mod, target)`` applies the first sketch's defaults to every matching PrimFunc of a module
-(like dlight), ``matches(func)`` says which.
+``DequantGEMVCUDA().apply(func, target)`` is the first sketch with its defaults (untuned, like dlight).
 """
 from __future__ import annotations
 
-import tvm
-from tvm.ir.utils import derived_object
-from tvm.s_tir import Schedule
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
-from tvm_ext.gemv_pattern import GemvPattern, inline_around, match, match_func
-from tvm_ext.tir_utils import sample_choice, schedule_each
+from tvm_ext.analysis.gemv_pattern import GemvPattern, inline_around, match, match_func
+from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.tir_utils import sample_choice
 
 THREADS = (32, 16, 64, 128)  # threads per row, preferred first: one warp a row, then half a warp
 WORDS = (1, 2, 4)  # packed words per thread and step (4 x 32 bits: one 128-bit load)
@@ -47,7 +43,6 @@ UNROLL = (0, 16, 64, 256)  # pragma_auto_unroll_max_step of the step loop
 DEFAULT_ROWS = 4
 DEFAULT_UNROLL = 256
 VECTOR_HALVES = 8  # activations per 128-bit load (fp16)
-SKIP = ("schedule_rule", "None")  # PostOrderApply's other rules skip blocks annotated so
 
 
 def word_candidates(pattern: GemvPattern, threads: int) -> list:
@@ -122,40 +117,23 @@ def schedule_gemv(sch, block, pattern: GemvPattern, threads: int, sample: bool =
             sch.annotate(blk, *SKIP)
 
 
-def schedule_of(func, name: str = "main", target=None):  # pylint: disable=unused-argument
-    """A Schedule of ``func`` (as ``name``) with the first sketch's defaults, or None when it does
-    not match (or no thread count tiles its rows).  ``target``: for the callers' common signature."""
-    pattern = match_func(func) if isinstance(func, tvm.tirx.PrimFunc) else None
-    counts = thread_counts(pattern) if pattern is not None else []
-    if not counts:
-        return None
-    sch = Schedule(tvm.IRModule({name: func}))
-    sch.work_on(name)
-    try:
-        schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, counts[0])
-    except ScheduleError:
-        return None
-    return sch
+class DequantGEMVCUDA(ScheduleRule):
+    """The CUDA dequantize-GEMV (module doc): the first thread count's sketch untuned; as a MetaSchedule
+    rule one sketch per thread count, rows / words / unroll sampled."""
 
+    name = "dequant_gemv_cuda"
+    gpu = True
 
-def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:
-    """Every PrimFunc of ``mod`` that ``matches`` scheduled with the defaults; the others unchanged."""
-    return schedule_each(mod, lambda func, name: schedule_of(func, name, target))
+    def plan(self, func, target):
+        pattern = match_func(func)
+        counts = thread_counts(pattern) if pattern is not None else []
+        return (pattern, counts[0]) if counts else None
 
+    def schedule(self, sch, plan, target, sample=False, annotate=False):
+        pattern, threads = plan
+        schedule_gemv(sch, sch.get_sblock(pattern.gemv), pattern, threads, sample=sample, annotate=annotate)
 
-def matches(func) -> bool:
-    """Whether ``untuned`` schedules ``func`` (a dequantize-GEMV this rule handles)."""
-    return schedule_of(func) is not None
-
-
-@derived_object
-class DequantGEMVCUDA(PyScheduleRule):
-    """Schedule rule: the CUDA dequantize-GEMV design space (module doc); other blocks pass."""
-
-    def _initialize_with_tune_context(self, context) -> None:
-        pass
-
-    def apply(self, sch, block):
+    def candidates(self, sch, block, target):
         pattern = match(sch, block)
         if pattern is None:
             return [sch]
@@ -168,6 +146,3 @@ class DequantGEMVCUDA(PyScheduleRule):
                 continue
             out.append(cand)
         return out or [sch]
-
-    def clone(self):
-        return DequantGEMVCUDA()

@@ -13,24 +13,19 @@ lanes wide (cache-hot, 2-core Zen 4, session 23); serial, since waking the secon
 ~0.8 us, more than such a kernel.  A block that writes megabytes (the KV-cache concatenate, 5.2 MB
 a layer) is worth both cores.
 
-Used untuned (``untuned(mod, target)``) by the Phi-2 ``rule`` schedules (``tune.seeds.rule_schedule``,
-after the other CPU rules), as the first record of a tuning (``schedule_of``), and as a MetaSchedule
-rule (``InjectiveCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule, beside
-MetaSchedule's own.
+``InjectiveCPU().apply(func, target, tunable)`` is that schedule (the scheduling pass's, after the other
+CPU rules; the first record of a tuning); its MetaSchedule face (in ``tvm_ext.space`` for llvm) adds it
+beside MetaSchedule's own sketches.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
-
-from tvm_ext.tir_utils import (is_param, one_candidate, planned_schedule, root_child_blocks, shape_bytes,
-                               untuned_and_matches, vectorize_row, working_func)
+from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.tir_utils import is_param, root_child_blocks, shape_bytes, vectorize_row
 
 VECTOR_LANES = (16, 8, 4)
 PARALLEL_BYTES = 256 * 1024  # a block writing less runs on one thread (the pool's wake-up costs more)
-SKIP = ("schedule_rule", "None")
 
 
 def _plan(func) -> Optional[list]:
@@ -71,28 +66,16 @@ def schedule(sch, plan, annotate: bool = False) -> None:
         sch.annotate(sch.get_sblock("root"), *SKIP)
 
 
-def schedule_of(func, name: str = "main"):
-    """A Schedule of ``func`` (as ``name``) with this rule's schedule applied, or None where it does not
-    match."""
-    return planned_schedule(func, name, _plan, schedule)
+class InjectiveCPU(ScheduleRule):
+    """An injective kernel (module doc): loops vectorized, parallel when big; nothing sampled."""
 
+    name = "injective_cpu"
 
-untuned, matches = untuned_and_matches(schedule_of, "an injective kernel this rule handles")
+    def plan(self, func, target):
+        return _plan(func)
 
+    def blocks(self, plan):
+        return tuple(plan)
 
-@derived_object
-class InjectiveCPU(PyScheduleRule):
-    """Schedule rule: an injective kernel (module doc) scheduled as ``untuned`` does, added beside
-    MetaSchedule's own sketches; every other function passes."""
-
-    def _initialize_with_tune_context(self, context) -> None:
-        pass
-
-    def apply(self, sch, block):
-        plan = _plan(working_func(sch))
-        if plan is None or sch.get(block).name_hint not in plan:
-            return [sch]
-        return one_candidate(sch, lambda cand: schedule(cand, plan, annotate=True))
-
-    def clone(self):
-        return InjectiveCPU()
+    def schedule(self, sch, plan, target, sample=False, annotate=False):
+        schedule(sch, plan, annotate=annotate)

@@ -28,7 +28,7 @@ thread reads one long contiguous stream (Phi-2 fc1 from DRAM on Zen 4: 0.26 ms, 
 Choices: the form (``forms``: AMX, then the host's VNNI / AVX2 form), MB (``TOKEN_TILES`` dividing M),
 NB (``COLUMN_TILES`` dividing N/16) and, for one token, the prefetch distance are one sketch each (the
 tile intrinsic is fixed per trace); the number of token chunks is a sampled decision (a perfect tile,
-mutated by evolutionary search).  ``untuned(mod, target)`` applies the first sketch with one chunk;
+mutated by evolutionary search).  ``Q4Int8GEMM().apply(func, target)`` is the first sketch with one chunk;
 blocks the rule scheduled are annotated ``schedule_rule: "None"`` for PostOrderApply's other rules.
 """
 from __future__ import annotations
@@ -37,19 +37,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 import tvm
-from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.intrinsics import q4_amx, q4_vnni
-from tvm_ext.tir_utils import root_child_blocks, schedule_each
+from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.tir_utils import root_child_blocks
 
 DEFAULT_MB = 4
 DEFAULT_NB = 2
 DEFAULT_AHEAD = 8192  # one token: prefetch distance in bytes
 DEFAULT_AMX_NB = 4  # AMX: tdpbssd calls per tile (one A load, one config check for all)
-SKIP = ("schedule_rule", "None")
 
 
 @dataclass
@@ -184,15 +182,6 @@ def supported(target) -> bool:
     return q4_vnni.form_for(target) is not None
 
 
-def untuned(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """Every PrimFunc of ``mod`` holding the pattern scheduled with the first sketch; the others
-    unchanged (all of them where ``target`` has no AVX2)."""
-    target = tvm.target.Target(target)
-    if not supported(target):
-        return mod
-    return schedule_each(mod, lambda func, name: schedule_of(func, name, target))
-
-
 def forms(target, emulated: bool = False) -> list:
     """The tile forms the rule offers on ``target``, best first: AMX where it has AMX int8 (the
     emulated twin instead where it has not and ``emulated``), then the VNNI / AVX2 form; empty
@@ -202,54 +191,54 @@ def forms(target, emulated: bool = False) -> list:
     return [f for f in (amx, vnni) if f]
 
 
-def schedule_of(func, name: str = "main", target=None, emulated: bool = False):
-    """A Schedule of ``func`` (as ``name``) with the first sketch applied for ``target``'s best form
-    (``forms``: AVX-512 VNNI when no target is given; its trace can seed a tuning database), or None
-    where it does not hold the pattern or ``target`` has no AVX2."""
-    offered = ["avx512vnni"] if target is None else forms(tvm.target.Target(target), emulated)
-    if not offered:
-        return None
-    found = root_child_blocks(func)
-    if found is None:
-        return None
-    sch, blocks = found
-    p = next((m for m in (match(sch, b) for b in blocks) if m is not None), None)
-    if p is None:
-        return None
-    for form in offered:  # AMX offers no sketch for M = 1 or M > 16 not a multiple of 16
-        first = sketches(p, form)[:1]
-        if not first:
-            continue
-        sch = Schedule(tvm.IRModule({name: func}))
-        sch.work_on(name)
-        try:
-            schedule(sch, p, *first[0], form=form)
-        except ScheduleError:
-            continue
-        return sch
-    return None
+class Q4Int8GEMM(ScheduleRule):
+    """One sketch per (form, MB, NB, prefetch) for the q4 x int8 GEMM (module doc); untuned, the first
+    sketch of the target's best form (``forms``; AVX-512 VNNI when no target is given).  Offers nothing
+    where the target has no AVX2.  ``emulated``: the AMX sketches with the plain-code twins of the AMX
+    tile on targets without AMX (tests)."""
 
-
-@derived_object
-class Q4Int8GEMM(PyScheduleRule):
-    """Schedule rule: one sketch per (form, MB, NB, prefetch) for the q4 x int8 GEMM (module doc); other
-    blocks pass.  Offers nothing where the target has no AVX2.  ``emulated``: the AMX sketches with the
-    plain-code twins of the AMX tile on targets without AMX (tests)."""
+    name = "q4_int8_gemm"
 
     def __init__(self, emulated: bool = False) -> None:
-        super().__init__()
         self.emulated = emulated
-        self.forms = ["avx512vnni"]
 
-    def _initialize_with_tune_context(self, context) -> None:
-        self.forms = forms(context.target, self.emulated)
+    def forms(self, target) -> list:
+        return ["avx512vnni"] if target is None else forms(tvm.target.Target(target), self.emulated)
 
-    def apply(self, sch, block):
-        p = match(sch, block) if self.forms else None
+    def plan(self, func, target):
+        offered = self.forms(target)
+        found = root_child_blocks(func) if offered else None
+        if found is None:
+            return None
+        sch, blocks = found
+        p = next((m for m in (match(sch, b) for b in blocks) if m is not None), None)
+        return None if p is None else (p, offered)
+
+    def schedule_as(self, func, name, target, tunable=False):
+        plan = self.plan(func, target) if isinstance(func, tvm.tirx.PrimFunc) else None
+        if plan is None:
+            return None
+        p, offered = plan
+        for form in offered:  # AMX offers no sketch for M = 1 or M > 16 not a multiple of 16
+            first = sketches(p, form)[:1]
+            if not first:
+                continue
+            sch = Schedule(tvm.IRModule({name: func}))
+            sch.work_on(name)
+            try:
+                schedule(sch, p, *first[0], form=form, sample=tunable)
+            except ScheduleError:
+                continue
+            return sch
+        return None
+
+    def candidates(self, sch, block, target):
+        offered = self.forms(target)
+        p = match(sch, block) if offered else None
         if p is None:
             return [sch]
         out = []
-        for form in self.forms:
+        for form in offered:
             for sketch in sketches(p, form):
                 cand = sch.copy()
                 try:
@@ -258,8 +247,3 @@ class Q4Int8GEMM(PyScheduleRule):
                     continue
                 out.append(cand)
         return out or [sch]
-
-    def clone(self):
-        other = Q4Int8GEMM(self.emulated)
-        other.forms = list(self.forms)
-        return other

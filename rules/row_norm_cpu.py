@@ -18,8 +18,8 @@ the output's trailing axis (and an intermediate's) vectorized.  Each reduction o
 LayerNorm waited for the one before (3.7 us a call, 2-core Zen 4, cache-hot; 0.32 us split).  The sum is
 reassociated: results move in their last bits (4.8e-7 on that LayerNorm).
 
-Used untuned (``untuned(mod, target)``, like dlight) by the Phi-2 ``rule`` schedules, and as a
-MetaSchedule rule (``RowNormCPU``, in ``tvm_ext.space`` for llvm) whose one candidate is that schedule
+``RowNormCPU().apply(func, target, tunable)`` is that schedule (the scheduling pass's, untuned like
+dlight); its MetaSchedule face (in ``tvm_ext.space`` for llvm) adds it beside MetaSchedule's sketches
 with the vector width (output and partial sums) sampled (16, 8 or 4 lanes where they divide D, else
 one odd width, ``_widths``).
 """
@@ -27,14 +27,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
-
-from tvm_ext.tir_utils import (is_param, one_candidate, planned_schedule, root_child_blocks, sample_choice,
-                               untuned_and_matches, vectorize_row, working_func)
+from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.tir_utils import is_param, root_child_blocks, sample_choice, vectorize_row
 
 VECTOR_LANES = (16, 8, 4)  # the first that divides D: two AVX2 vectors of float32, or one AVX-512
-SKIP = ("schedule_rule", "None")
 
 
 def _shape(buf) -> Optional[tuple]:
@@ -140,29 +136,16 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
             vectorize_row(sch, sch.get_loops(sch.get_sblock(stat))[-1], d, lanes, odd)
 
 
-def schedule_of(func, name: str = "main"):
-    """A Schedule of ``func`` (as ``name``) with this rule's schedule applied (its trace can seed a
-    tuning database), or None where it does not match."""
-    return planned_schedule(func, name, _plan, schedule)
+class RowNormCPU(ScheduleRule):
+    """A row normalization (module doc) scheduled row by row; the vector width sampled when tunable."""
 
+    name = "row_norm_cpu"
 
-untuned, matches = untuned_and_matches(schedule_of, "a row normalization this rule handles")
+    def plan(self, func, target):
+        return _plan(func)
 
+    def blocks(self, plan):
+        return (plan[0], *plan[1])
 
-@derived_object
-class RowNormCPU(PyScheduleRule):
-    """Schedule rule: a row normalization (module doc) scheduled as ``untuned`` does, the vector width
-    a sampled decision, added beside MetaSchedule's own sketches; every other function passes."""
-
-    def _initialize_with_tune_context(self, context) -> None:
-        pass
-
-    def apply(self, sch, block):
-        plan = _plan(working_func(sch))
-        if plan is None or sch.get(block).name_hint not in (plan[0], *plan[1]):
-            return [sch]
-        return one_candidate(sch, lambda cand: schedule(cand, plan, sample=True, annotate=True))
-
-    def clone(self):
-        return RowNormCPU()
-
+    def schedule(self, sch, plan, target, sample=False, annotate=False):
+        schedule(sch, plan, sample=sample, annotate=annotate)

@@ -34,7 +34,7 @@ def test_attention_matches_the_unscheduled_kernel(kernels, which, name, form):
     (kernel,) = [k for k in kernels[which] if k.name == name]
     assert contraction_cpu._form(kernel.func) == form  # pylint: disable=protected-access
     mod = as_main(kernel.func)
-    scheduled = contraction_cpu.untuned(mod, None)
+    scheduled = contraction_cpu.ContractionCPU().apply_to_module(mod, None)
     assert not tvm_ffi.structural_equal(scheduled["main"], mod["main"])
     script = scheduled["main"].script()
     assert "T.parallel" in script and "T.vectorized" in script
@@ -52,8 +52,8 @@ def test_other_kernels_are_left_alone(kernels):
     assert any("dequantize" in k.name for k in others) and any("softmax" in k.name for k in others)
     for kernel in others:
         mod = as_main(kernel.func)
-        assert not contraction_cpu.matches(kernel.func), kernel.name
-        tvm.ir.assert_structural_equal(contraction_cpu.untuned(mod, None), mod)
+        assert not contraction_cpu.ContractionCPU().matches(kernel.func), kernel.name
+        tvm.ir.assert_structural_equal(contraction_cpu.ContractionCPU().apply_to_module(mod, None), mod)
 
 
 @pytest.mark.parametrize("which", ["decode", "prefill"])
@@ -65,7 +65,7 @@ def test_the_rule_in_the_plugin_space(kernels, which):
         func = next(k.func for k in kernels[which] if k.name == name)
         ours = ours_in_space(func)
         assert ours and len(ours) < len(ours_in_space(func, mine_only=False))
-        want = _run(contraction_cpu.untuned(as_main(func)), func)
+        want = _run(contraction_cpu.ContractionCPU().apply_to_module(as_main(func)), func)
         for cand in ours:
             np.testing.assert_allclose(_run(cand.mod, func), want, rtol=1e-5, atol=1e-5)
 
@@ -87,7 +87,7 @@ def test_one_query_values_stream_in_parallel_ranges(positions, parts):
     divides (33 positions), parallel chunks of the output row.  Both equal NumPy's p . V."""
     func = _one_query_value(positions)
     assert contraction_cpu._form(func) == "axpy"  # pylint: disable=protected-access
-    scheduled = contraction_cpu.untuned(as_main(func))
+    scheduled = contraction_cpu.ContractionCPU().apply_to_module(as_main(func))
     script = scheduled["main"].script()
     assert "T.parallel" in script and "T.vectorized" in script
     if parts:

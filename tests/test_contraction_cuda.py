@@ -41,7 +41,7 @@ def _body(sch):
 
 @pytest.mark.parametrize("positions", [64, 33])
 def test_the_value_product_is_read_row_by_row_and_summed_across_parts(positions):
-    sch = rule.schedule_of(value_product(positions))
+    sch = rule.ContractionCUDA().apply(value_product(positions))
     body = _body(sch)
     zero = body.index("_rf_local_ptr[0] = __float2half_rn(0x0p+0f")
     assert zero < body.index("v_ptr[")  # zeroed before its range: a part past the end still adds 0
@@ -53,16 +53,16 @@ def test_the_value_product_is_read_row_by_row_and_summed_across_parts(positions)
 
 def test_phi2_decode_value_product_matches_at_513_positions_and_nothing_else_does():
     kernels = phi2.kernels(phi2.build_decode(context=512, config="full", fusion=True, compute_dtype="float16"))
-    assert [k.name for k in kernels.kernels if rule.matches(k.func)] == ["attn_value"]
+    assert [k.name for k in kernels.kernels if rule.ContractionCUDA().matches(k.func)] == ["attn_value"]
     for k in kernels.kernels:
         if k.name != "attn_value":
             mod = as_main(k.func)
-            tvm.ir.assert_structural_equal(rule.untuned(mod), mod)
+            tvm.ir.assert_structural_equal(rule.ContractionCUDA().apply_to_module(mod), mod)
 
 
 def test_too_few_positions_or_an_odd_output_is_left_alone():
-    assert not rule.matches(value_product(4))  # fewer than 4 positions a part for any part count
-    assert not rule.matches(value_product(64, heads=1, head_dim=48))  # no column count divides 48
+    assert not rule.ContractionCUDA().matches(value_product(4))  # fewer than 4 positions a part for any part count
+    assert not rule.ContractionCUDA().matches(value_product(64, heads=1, head_dim=48))  # no column count divides 48
 
 
 @needs_nvcc
@@ -71,7 +71,7 @@ def test_untuned_and_sampled_candidates_compile():
     from tvm_ext.check.build_only import build_only
 
     func = value_product(513, heads=4, head_dim=80)
-    nvcc_build(rule.schedule_of(func).mod, TARGET)
+    nvcc_build(rule.ContractionCUDA().apply(func).mod, TARGET)
     spaces = design_spaces(func, TARGET, ruleset="plugin")
     ours = [s for s in spaces if 'ann_val="None"' in str(s.trace)]
     assert ours and len(ours) < len(spaces)  # ours beside MetaSchedule's own sketches

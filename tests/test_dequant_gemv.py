@@ -18,9 +18,9 @@ from tvm.s_tir import Schedule, Trace  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 from tvm_ext.arrays import random_arrays  # noqa: E402
-from tvm_ext.gemv_pattern import match_func  # noqa: E402
+from tvm_ext.analysis.gemv_pattern import match_func  # noqa: E402
 from tvm_ext.intrinsics import q4_gemv  # noqa: E402
-from tvm_ext.rules.dequant_gemv import DequantGEMV, factored_lanes, matches, untuned  # noqa: E402
+from tvm_ext.rules.dequant_gemv import DequantGEMV, factored_lanes  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
 from tvm_ext.tir_utils import blocks_of  # noqa: E402
 from tvm_ext.workloads.phi2 import kernels as phi2  # noqa: E402
@@ -52,7 +52,7 @@ def fused():
 def gemvs(fused):
     found = {}
     for k in fused[1].kernels:
-        if matches(k.func):
+        if DequantGEMV().matches(k.func):
             found[_projection(k)] = k
     assert sorted(found) == sorted(PROJECTIONS)
     return found
@@ -91,7 +91,7 @@ def _check(kernel, mod, seed=0):
 @pytest.mark.parametrize("projection", PROJECTIONS)
 def test_untuned_matches_numpy(gemvs, projection):
     kernel = gemvs[projection]
-    mod = untuned(_main(kernel.func), TARGET)
+    mod = DequantGEMV().apply_to_module(_main(kernel.func), TARGET)
     script = mod["main"].script()
     assert "T.parallel" in script and "T.vectorized" in script and 'T.sblock("dequantize")' not in script
     _check(kernel, mod)
@@ -100,7 +100,7 @@ def test_untuned_matches_numpy(gemvs, projection):
 def _sampled(func, seed):
     """The rule's sketch replayed with its decisions drawn again (as MetaSchedule samples)."""
     sch = Schedule(_main(func))
-    (sketch,) = DequantGEMV().apply(sch, sch.get_sblock(match_func(func).gemv))
+    (sketch,) = DequantGEMV().candidates(sch, sch.get_sblock(match_func(func).gemv), None)
     out = Schedule(_main(func), seed=seed)
     Trace(sketch.trace.insts, {}).apply_to_schedule(out, remove_postproc=True)
     return out
@@ -123,7 +123,7 @@ def test_rule_also_matches_after_autoinline(gemvs):
     kernel = gemvs["fc1"]
     sch = Schedule(_main(kernel.func), seed=5)
     sch.compute_inline(sch.get_sblock(match_func(kernel.func).dequantize))
-    (out,) = DequantGEMV().apply(sch, sch.get_sblock("matmul"))
+    (out,) = DequantGEMV().candidates(sch, sch.get_sblock("matmul"), None)
     assert "T.parallel" in out.mod["main"].script()
     _check(kernel, out.mod)
 
@@ -132,10 +132,10 @@ def test_untuned_whole_fused_module_matches_reference(fused):
     """``untuned`` on the lowered Relax module: GEMVs scheduled, everything else untouched,
     and the decode step (layer + head) still matches the workload's NumPy reference."""
     wl, _ = fused
-    mod = untuned(wl.mod, TARGET)
+    mod = DequantGEMV().apply_to_module(wl.mod, TARGET)
     changed = [gv.name_hint for gv, f in wl.mod.functions.items()
                if not tvm_ffi.structural_equal(f, mod[gv])]
-    assert len(changed) == len(PROJECTIONS) and all(matches(wl.mod[n]) for n in changed)
+    assert len(changed) == len(PROJECTIONS) and all(DequantGEMV().matches(wl.mod[n]) for n in changed)
     vm = tvm.relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a, tvm.cpu()) for a in wl.inputs]).numpy()
     ok, message = wl.check(out)
@@ -144,17 +144,17 @@ def test_untuned_whole_fused_module_matches_reference(fused):
 
 def _assert_left_alone(func):
     mod = _main(func)
-    assert not matches(func)
-    tvm.ir.assert_structural_equal(untuned(mod, TARGET), mod)
+    assert not DequantGEMV().matches(func)
+    tvm.ir.assert_structural_equal(DequantGEMV().apply_to_module(mod, TARGET), mod)
     sch = Schedule(mod)
     for block in blocks_of(func):
-        (out,) = DequantGEMV().apply(sch, sch.get_sblock(block.name_hint))
+        (out,) = DequantGEMV().candidates(sch, sch.get_sblock(block.name_hint), None)
         tvm.ir.assert_structural_equal(out.mod, mod)
 
 
 def test_other_decode_kernels_left_alone(fused):
     wl = phi2.build_decode(context=8, config="reduced", fusion=False)
-    others = [k for k in phi2.kernels(wl).kernels] + [k for k in fused[1].kernels if not matches(k.func)]
+    others = [k for k in phi2.kernels(wl).kernels] + [k for k in fused[1].kernels if not DequantGEMV().matches(k.func)]
     assert any(k.name.startswith("matmul") for k in others)  # plain fp32 matmuls (unfused)
     for kernel in others:
         _assert_left_alone(kernel.func)
@@ -167,7 +167,7 @@ def test_prefill_matmul_left_alone():
     assert gemm
     for kernel in gemm:
         _assert_left_alone(kernel.func)
-    assert [matches(k.func) for k in ks.kernels if k.part == "head" and "dequantize" in k.name] == [True]
+    assert [DequantGEMV().matches(k.func) for k in ks.kernels if k.part == "head" and "dequantize" in k.name] == [True]
 
 
 def test_int8_conv_left_alone():
@@ -267,7 +267,7 @@ def _cores(n):
 
 def test_untuned_before_after():
     """N = 16 on one core: 4 tiles of 4 rows are enough, no split-K."""
-    after = untuned(tvm.IRModule({"main": _gemv_q4_n16}), _cores(1))["main"]
+    after = DequantGEMV().apply_to_module(tvm.IRModule({"main": _gemv_q4_n16}), _cores(1))["main"]
     tvm.ir.assert_structural_equal(after.without_attr("global_symbol"),
                                    _gemv_q4_n16_untuned.without_attr("global_symbol"))
 
@@ -285,13 +285,11 @@ def _check_small(mod, seed=0):
 def test_split_k_when_n_is_small():
     """N = 8 (2 tiles) on 2 cores: K is split into parallel chunks as well; untuned and both
     sketches of the rule (plain, split-K), decisions redrawn, match NumPy."""
-    mod = untuned(_main(_gemv_q4_small), _cores(2))
+    mod = DequantGEMV().apply_to_module(_main(_gemv_q4_small), _cores(2))
     assert mod["main"].script().count("T.parallel") == 2 and "_rf_rf" in mod["main"].script()
     _check_small(mod)
-    rule = DequantGEMV()
-    rule.cores = 2
     sch = Schedule(_main(_gemv_q4_small))
-    sketches = rule.apply(sch, sch.get_sblock("gemv"))
+    sketches = DequantGEMV().candidates(sch, sch.get_sblock("gemv"), _cores(2))  # a 2-core target
     assert ["_rf_rf" in s.mod["main"].script() for s in sketches] == [False, True]
     for sketch in sketches:
         out = Schedule(_main(_gemv_q4_small), seed=271828183)
@@ -342,7 +340,7 @@ def test_factored_matches_numpy(gemvs, projection, target):
     """Every fused projection (bias, gelu, residual adds, lm_head) in the factored sketch: the
     GEMV replaced by the intrinsic, the epilogue after it, the result NumPy's."""
     kernel = gemvs[projection]
-    mod = untuned(_main(kernel.func), target)
+    mod = DequantGEMV().apply_to_module(_main(kernel.func), target)
     assert _is_factored(mod)
     _check(kernel, mod)
 
@@ -351,7 +349,7 @@ def test_fc1_gelu_epilogue_vectorizes(gemvs):
     """fc1's gelu uses TVM's fast_tanh (``phi2_layers._te_gelu_tanh``): its epilogue loop has
     no libm call left (``relax.op.nn.gelu_tanh``'s tanh became one scalar ``expf`` per element
     on LLVM CPU targets) and the factored kernel stays within NumPy's tolerance (above)."""
-    mod = untuned(_main(gemvs["fc1"].func), AVX512)
+    mod = DequantGEMV().apply_to_module(_main(gemvs["fc1"].func), AVX512)
     assert _is_factored(mod)
     asm = tvm.compile(mod, target=AVX512).mod.inspect_source("asm")
     assert "expf" not in asm and "tanhf" not in asm
@@ -375,7 +373,7 @@ def test_other_dequantize_keeps_the_scheduled_sketch():
     """Zero point 8: the rule matches (same structure) but the intrinsic does not (tensorize
     compares the expression), so ``untuned`` gives the scheduled sketch, and the right result."""
     func = _te_q4_gemv(16, 64, "float16", zero_point=8)
-    mod = untuned(_main(func), AVX2)
+    mod = DequantGEMV().apply_to_module(_main(func), AVX2)
     assert not _is_factored(mod) and "_rf_local" in mod["main"].script()
     rng = np.random.default_rng(3)
     arrays = random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))
@@ -392,7 +390,7 @@ def test_rule_offers_the_factored_sketch_first_in_metaschedule():
     intrinsic, as ``untuned`` schedules it), the scheduled sketches after it; elsewhere only those."""
     from tvm.s_tir import meta_schedule as ms
 
-    rule = DequantGEMV()
+    rule = DequantGEMV().meta_schedule()  # MetaSchedule's face: the tune context gives the target
     rule._initialize_with_tune_context(ms.TuneContext(_main(_gemv_q4_small), target=AVX2))
     sch = Schedule(_main(_gemv_q4_small))
     first, *rest = rule.apply(sch, sch.get_sblock("gemv"))
@@ -400,12 +398,13 @@ def test_rule_offers_the_factored_sketch_first_in_metaschedule():
     assert all("_rf_local" in s.mod["main"].script() for s in rest)
     assert "_rf_local" not in first.mod["main"].script()
     outs = []
-    for mod in (first.mod, untuned(_main(_gemv_q4_small), AVX2)):  # the same kernel untuned builds
+    untuned = DequantGEMV().apply_to_module(_main(_gemv_q4_small), AVX2)
+    for mod in (first.mod, untuned):  # the same kernel untuned builds
         args = [tvm.runtime.tensor(a) for a in random_arrays(_gemv_q4_small, 0)]
         tvm.compile(mod, target=AVX2)["main"](*args)
         outs.append(args[-1].numpy())
     np.testing.assert_array_equal(*outs)
-    plain = DequantGEMV()
+    plain = DequantGEMV().meta_schedule()
     plain._initialize_with_tune_context(ms.TuneContext(_main(_gemv_q4_small), target=tvm.target.Target(
         {"kind": "llvm", "mtriple": "aarch64-linux-gnu"})))
     assert all("_rf_local" in s.mod["main"].script() for s in plain.apply(sch, sch.get_sblock("gemv")))
@@ -417,7 +416,7 @@ def test_factored_odd_shapes_match_numpy(n, k, scale_dtype):
     """Three groups (one accumulator, scalar scale dot), one group, N not a multiple of
     anything, float32 scales (q4f32_1): the intrinsic's result is NumPy's."""
     func = _te_q4_gemv(n, k, scale_dtype)
-    mod = untuned(_main(func), AVX512)
+    mod = DequantGEMV().apply_to_module(_main(func), AVX512)
     assert _is_factored(mod)
     rng = np.random.default_rng(n)
     arrays = random_arrays(func, rng, {"uint32": (0, 2**32 - 1)}, int_range=(0, 15))

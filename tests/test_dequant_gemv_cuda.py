@@ -16,7 +16,7 @@ tvm = pytest.importorskip("tvm")
 from tvm.s_tir import Schedule  # noqa: E402
 
 from kernels import as_main, design_spaces  # noqa: E402
-from tvm_ext.gemv_pattern import GemvPattern, match_func  # noqa: E402
+from tvm_ext.analysis.gemv_pattern import GemvPattern, match_func  # noqa: E402
 from tvm_ext.lowering import count_kernels, cuda_source  # noqa: E402
 from tvm_ext.rules import dequant_gemv_cuda as rule  # noqa: E402
 from tvm_ext.targets import cuda_target  # noqa: E402
@@ -58,7 +58,7 @@ def test_every_fused_projection_is_one_kernel_with_wide_loads_and_a_warp_sum(dec
         p = match_func(k.func)
         threads = rule.thread_counts(p)[0]
         words = max(rule.word_candidates(p, threads))
-        sch = rule.schedule_of(k.func)
+        sch = rule.DequantGEMVCUDA().apply(k.func)
         assert count_kernels(sch, TARGET) == 1, k.name
         src = cuda_source(sch.mod, TARGET)
         assert f"__launch_bounds__({threads * rule.DEFAULT_ROWS})" in src, k.name
@@ -98,7 +98,7 @@ def test_untuned_fused_module_compiles_with_nvcc(decode_kernels):
     from tvm_ext.bench.phi2.kernels import combine, nvcc_build
 
     fused, _ = decode_kernels
-    mods = {k.name: rule.untuned(as_main(k.func)) for k in _gemvs(fused)}
+    mods = {k.name: rule.DequantGEMVCUDA().apply_to_module(as_main(k.func)) for k in _gemvs(fused)}
     nvcc_build(combine(mods), TARGET)  # raises with nvcc's first error
 
 
@@ -108,11 +108,11 @@ def test_other_kernels_pass_unchanged(decode_kernels):
     assert {"layer_norm", "softmax", "attn_score", "matmul1"} <= {k.name for k in others}
     for k in others:
         mod = as_main(k.func)
-        assert rule.schedule_of(k.func) is None and not rule.matches(k.func)
-        tvm.ir.assert_structural_equal(rule.untuned(mod), mod)
+        assert rule.DequantGEMVCUDA().apply(k.func) is None and not rule.DequantGEMVCUDA().matches(k.func)
+        tvm.ir.assert_structural_equal(rule.DequantGEMVCUDA().apply_to_module(mod), mod)
         sch = Schedule(mod)
         for block in sch.get_child_blocks(sch.get_sblock("root")):
-            assert rule.DequantGEMVCUDA().apply(sch, block) == [sch]
+            assert rule.DequantGEMVCUDA().candidates(sch, block, None) == [sch]
 
 
 def test_the_space_has_one_sketch_per_thread_count(decode_kernels):

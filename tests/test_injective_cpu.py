@@ -38,7 +38,7 @@ def _scale_8x48_after(a: T.Buffer((8, 48), "float32"), b: T.Buffer((8, 48), "flo
 
 def test_small_row_vectorized_serial():
     """16 lanes divide the row of 48; 1.5 KiB written: one thread."""
-    after = injective_cpu.untuned(tvm.IRModule({"main": _scale(8, 48)}))
+    after = injective_cpu.InjectiveCPU().apply_to_module(tvm.IRModule({"main": _scale(8, 48)}))
     tvm.ir.assert_structural_equal(after["main"], _scale_8x48_after)
 
 
@@ -52,7 +52,7 @@ def test_odd_row_head_and_tail_and_big_block_parallel():
     """A row of 513: 512 elements 16 wide, the last one scalar; 256 x 513 floats (513 KiB written):
     the fused outer loop parallel; the result unchanged."""
     func = _scale(256, 513)
-    after = injective_cpu.untuned(tvm.IRModule({"main": func}))["main"]
+    after = injective_cpu.InjectiveCPU().apply_to_module(tvm.IRModule({"main": func}))["main"]
     kinds = _kinds(after)
     kind = tvm.tirx.ForKind
     assert (kind.VECTORIZED, 16) in kinds and (kind.PARALLEL, 256) in kinds, kinds
@@ -80,7 +80,7 @@ def test_phi2_kernels_it_takes_compute_the_same(kernels, which):
     for bit; the GEMVs, LayerNorm, softmax and attention are left to the other rules."""
     taken, left = [], []
     for k in kernels[which]:
-        (taken if injective_cpu.matches(k.func) else left).append(k)
+        (taken if injective_cpu.InjectiveCPU().matches(k.func) else left).append(k)
     want = {"decode": {"rope", "fused_rope1_concatenate", "fused_split_heads_concatenate"},
             "prefill": {"rope", "rope1", "split_heads", "strided_slice"}}[which]
     assert {k.name for k in taken} == want
@@ -89,7 +89,7 @@ def test_phi2_kernels_it_takes_compute_the_same(kernels, which):
         mod = as_main(k.func)
         arrays = [rng.standard_normal([int(s) for s in p.shape]).astype(str(p.dtype)) for p in k.func.params]
         outs = []
-        for m in (mod, injective_cpu.untuned(mod)):
+        for m in (mod, injective_cpu.InjectiveCPU().apply_to_module(mod)):
             args = [tvm.runtime.tensor(a) for a in arrays]
             tvm.compile(m, target="llvm")["main"](*args)
             outs.append(args[-1].numpy())
@@ -101,13 +101,13 @@ def test_reductions_and_scheduled_kernels_are_left_alone(kernels):
 
     for k in kernels["decode"]:
         if any(w in k.name for w in ("layer_norm", "softmax", "attn", "matmul")):
-            assert not injective_cpu.matches(k.func), k.name
-    assert not injective_cpu.matches(quantize_tokens(4, 64))  # hand-written, marked tir.is_scheduled
+            assert not injective_cpu.InjectiveCPU().matches(k.func), k.name
+    assert not injective_cpu.InjectiveCPU().matches(quantize_tokens(4, 64))  # hand-written, marked tir.is_scheduled
 
 
 def test_the_rule_in_the_plugin_space(kernels):
     """InjectiveCPU in tvm_ext.space: this schedule among the candidates, beside MetaSchedule's own."""
-    rope = next(k for k in kernels["decode"] if injective_cpu.matches(k.func) and "rope" in k.name)
+    rope = next(k for k in kernels["decode"] if injective_cpu.InjectiveCPU().matches(k.func) and "rope" in k.name)
     ours = ours_in_space(rope.func)
     assert ours and len(ours) < len(ours_in_space(rope.func, mine_only=False))
     rng = np.random.default_rng(2)

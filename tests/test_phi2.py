@@ -14,6 +14,7 @@ from tvm_ext.targets import cuda_target, resolve_target  # noqa: E402
 from tvm_ext.tune.database import best_record, open_database, record_seconds, records_of  # noqa: E402
 from tvm_ext.tune.kernels import kernel_database, measure_order, trials_to_beat, tune_kernels  # noqa: E402
 from tvm_ext.tune.runner import make_runner  # noqa: E402
+from tvm_ext import scheduling  # noqa: E402
 from tvm_ext.tune import seeds  # noqa: E402
 from tvm_ext.workloads.phi2 import kernels as phi2  # noqa: E402
 
@@ -61,7 +62,7 @@ def test_dlight(decode):
     pairs, rules = [], set()
     for k in ks.kernels:
         m = pk.normalize(k.func)
-        rule, sch = seeds.dlight_schedule(m, target)
+        rule, sch = scheduling.dlight_schedule(m, target)
         rules.add(rule)
         if sch is not None:
             pairs.append((m, sch.mod))
@@ -91,7 +92,7 @@ def test_metaschedule(fusion, tmp_path, seeded):
     # the stack's plain LocalRunner, cache flushed before each run
     runner = make_runner(flush_cache=True)
     if seeded:  # as the bench seeds: the dlight kernels measured by the runner that then tunes
-        dl = {n: seeds.dlight_schedule(m, target) for n, m in mods.items()}
+        dl = {n: scheduling.dlight_schedule(m, target) for n, m in mods.items()}
         seed_secs = pk.runner_seconds({n: (s.mod if s is not None else mods[n]) for n, (_, s) in dl.items()},
                                       target, runner)
         seeds.seed_database(kernel_database(db_dir), mods, dl, target, seed_secs)
@@ -104,7 +105,7 @@ def test_metaschedule(fusion, tmp_path, seeded):
         assert len(records_of(db, m)) == trials
         # plain LocalRunner on llvm measures candidates (not "Unknown device: llvm" for every one)
         assert any(secs is not None and 0 < secs < 1.0 for secs in measure_order(db_dir, m))
-        best = seeds.best_schedule(db, m)
+        best = scheduling.best_schedule(db, m)
         assert best is not None, n
         pairs.append((m, best))
         if seeded:  # the best record is never slower than the dlight seed, both timed by one runner
@@ -126,11 +127,11 @@ def test_seeded_without_tuning_is_dlight(decode, tmp_path):
     wl, ks = decode
     target = resolve_target("llvm")
     mods = {k.name: pk.normalize(k.func) for k in ks.kernels}
-    dl = {n: seeds.dlight_schedule(m, target) for n, m in mods.items()}
+    dl = {n: scheduling.dlight_schedule(m, target) for n, m in mods.items()}
     db_dir = str(tmp_path / "db")
     db = kernel_database(db_dir)
     seeds.seed_database(db, mods, dl, target, {n: 1e-3 for n in mods})
-    pairs = [(m, seeds.best_schedule(db, m)) for m in mods.values()]
+    pairs = [(m, scheduling.best_schedule(db, m)) for m in mods.values()]
     assert phi2_bench.database_trials({True: {"metaschedule": db_dir}}) == 1  # one dlight record per kernel
     assert all(trials_to_beat(db_dir, m, 1.0) is None for m in mods.values())  # the seed was not measured
     for (m, best), (rule, sch) in zip(pairs, dl.values()):
@@ -148,7 +149,7 @@ def test_prefill_both_fusions_match_reference():
         pairs = []
         for k in phi2.kernels(wl).kernels:
             m = pk.normalize(k.func)
-            _, sch = seeds.dlight_schedule(m, target)
+            _, sch = scheduling.dlight_schedule(m, target)
             if sch is not None:
                 pairs.append((m, sch.mod))
         ok, msg = _run(wl, pairs)
@@ -172,7 +173,7 @@ def test_cuda_dlight_fused_reduced_compiles_with_nvcc():
     mods = {}
     for k in phi2.kernels(wl).kernels:
         m = pk.normalize(k.func)
-        rule, sch = seeds.dlight_schedule(m, target, pk.build_validator(target))
+        rule, sch = scheduling.dlight_schedule(m, target, scheduling.build_validator(target))
         assert sch is not None, f"{k.name}: no dlight gpu rule that builds ({rule})"
         mods[k.name] = sch.mod
     pk.nvcc_build(pk.combine(mods), target)  # raises with nvcc's error if it does not compile

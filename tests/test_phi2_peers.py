@@ -290,7 +290,7 @@ def test_seed_run_secs_come_from_the_tuning_runner(tmp_path, fused):
     target = resolve_target("llvm")
     sched, _, dl_secs, dbs = phi2_bench._schedules(ks, target, "decode", 0, False, False, str(tmp_path), print,
                                                     ("dlight", "seeded"), runner=spy, builder=FakeBuilder())
-    from tvm_ext.tune.seeds import rule_schedule
+    from tvm_ext.scheduling import rule_schedule
 
     names = list(dict.fromkeys(k.name for k in ks.kernels))
     funcs = {n: pk.normalize(next(k.func for k in ks.kernels if k.name == n)) for n in names}

@@ -99,7 +99,7 @@ def test_cli_generate_prompt_json(tmp_path, capsys):
     (["--prompt", "7"], "--prompt must be even"),
     (["--peers", "ort"], "without --prompt, --peers takes llama.cpp"),
     (["--tune", "4", "--schedule", "rule"], "--tune fills the database of --schedule tuned"),
-    (["--prompt", "8", "--schedule", "dlight"], "with --prompt, --schedule takes int8, tuned"),
+    (["--prompt", "8", "--schedule", "dlight"], "unknown schedule 'dlight'; with --prompt the schedules are int8, tuned"),
     (["--prompt", "8", "--peers", "torch"], "unknown peer 'torch'"),
     (["--prompt", "8", "--schedule", "tuned", "--database", "/nonexistent/db"], "no tuning database"),
 ])
@@ -118,7 +118,8 @@ def test_tuning_starts_from_our_rules(model, tmp_path):
     from tvm_ext.bench.phi2.decode import model_kernels
     from tvm_ext.bench.phi2.prompt import PROMPT_FUNCS
     from tvm_ext.tune.database import open_database, records_of
-    from tvm_ext.tune.seeds import best_schedule, dlight_schedule, rule_schedule, seed_rules
+    from tvm_ext.scheduling import best_schedule, dlight_schedule, rule_schedule
+    from tvm_ext.tune.seeds import seed_rules
 
     mods = model_kernels(model, PROMPT_FUNCS)
     target = resolve_target("llvm")
@@ -154,7 +155,8 @@ def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path, ho
     from tvm_ext.bench.phi2.decode import model_kernels
     from tvm_ext.tune.database import open_database
     from tvm_ext.tune.runner import make_runner
-    from tvm_ext.tune.seeds import KEPT_FILE, confirm_picks, rule_schedule, seed_rules, tuned_schedule
+    from tvm_ext.scheduling import rule_schedule, tuned_schedule
+    from tvm_ext.tune.seeds import KEPT_FILE, confirm_picks, read_kept, seed_rules
     from tvm_ext.tune.transfer import commit_measured
 
     target = resolve_target("llvm")
@@ -168,13 +170,14 @@ def test_a_pick_that_loses_side_by_side_leaves_the_untuned_schedule(tmp_path, ho
     db = open_database(str(tmp_path))
     commit_measured(db, mod, sch, 1e-9, target)
     ours = rule_schedule(mod, target)[1].mod
-    tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), mod)  # the claim, unchecked
+    kept = read_kept(str(tmp_path))
+    tvm.ir.assert_structural_equal(tuned_schedule(db, mod, target, kept), mod)  # the claim, unchecked
     measure = CycledTimer(target) if how == "cycled" else None
     ratios = confirm_picks(mods, target, str(tmp_path), make_runner(), log=lambda m: None, rounds=1,
                            measure=measure)
     assert ratios[name] > 1.0
     assert name in json.dumps(json.loads((tmp_path / KEPT_FILE).read_text()))
-    tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), ours)
+    tvm.ir.assert_structural_equal(tuned_schedule(db, mod, target, read_kept(str(tmp_path))), ours)
 
 
 @needs_vnni
@@ -186,7 +189,8 @@ def test_a_pick_within_the_margin_leaves_the_untuned_schedule(tmp_path, tuned_s,
 
     from tvm_ext.bench.phi2.decode import model_kernels
     from tvm_ext.tune.database import open_database
-    from tvm_ext.tune.seeds import PICK_MARGIN, confirm_picks, rule_schedule, seed_rules, tuned_schedule
+    from tvm_ext.scheduling import rule_schedule, tuned_schedule
+    from tvm_ext.tune.seeds import PICK_MARGIN, confirm_picks, read_kept, seed_rules
     from tvm_ext.tune.transfer import commit_measured
 
     assert PICK_MARGIN == pytest.approx(0.05)
@@ -205,7 +209,7 @@ def test_a_pick_within_the_margin_leaves_the_untuned_schedule(tmp_path, tuned_s,
     ratios = confirm_picks({name: mod}, target, str(tmp_path), None, log=lambda m: None, rounds=1, measure=measure)
     assert ratios[name] == pytest.approx(tuned_s)
     want = mod if taken else rule_schedule(mod, target)[1].mod
-    tvm.ir.assert_structural_equal(tuned_schedule(db, str(tmp_path), mod, target), want)
+    tvm.ir.assert_structural_equal(tuned_schedule(db, mod, target, read_kept(str(tmp_path))), want)
 
 
 @pytest.mark.slow  # 35 s on 2 cores (tuning)

@@ -96,7 +96,7 @@ def test_first_amx_sketch_emulated_matches_reference_and_vnni(m, k):
     got = _call(_scheduled(m, k, first), inputs, m)
     want = g.reference_np(x, packed, scale, bias)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    vnni = rule.untuned(tvm.IRModule({"main": g.gemm(m, N, k)}), HOST)
+    vnni = rule.Q4Int8GEMM().apply_to_module(tvm.IRModule({"main": g.gemm(m, N, k)}), HOST)
     np.testing.assert_array_equal(got, _call(vnni, inputs, m))
 
 
@@ -122,11 +122,11 @@ def test_sampled_amx_candidate_replays_from_its_trace():
     m, k = 32, 64
     func = g.gemm(m, N, k)
     r = rule.Q4Int8GEMM(emulated=True)
-    r.forms = rule.forms(HOST, emulated=True)
-    assert r.forms == ["amx_emu", q4_vnni.form_for(HOST)]
+    forms = r.forms(HOST)
+    assert forms == ["amx_emu", q4_vnni.form_for(HOST)]
     sch = Schedule(tvm.IRModule({"main": func}), seed=3)
-    cands = r.apply(sch, sch.get_sblock(g.DOT_BLOCK))
-    assert len(cands) == 3 + len(rule.sketches(rule.match(sch, sch.get_sblock(g.DOT_BLOCK)), r.forms[1]))
+    cands = r.candidates(sch, sch.get_sblock(g.DOT_BLOCK), HOST)
+    assert len(cands) == 3 + len(rule.sketches(rule.match(sch, sch.get_sblock(g.DOT_BLOCK)), forms[1]))
     cand = cands[0]
     text = str(cand.trace)
     assert q4_amx.intrin_name(16, 4, True) in text and q4_amx.init_name(16, 4, True) in text
@@ -159,7 +159,7 @@ def test_real_amx_form_compiles_with_its_tile_config():
     words = [int.from_bytes(bytes(cfg[8 * w: 8 * w + 8]), "little") for w in range(8)]
     assert rule.forms(SPR) == ["amx", "avx512vnni"]
     m, k = 32, 128
-    mod = rule.untuned(tvm.IRModule({"main": g.gemm(m, N, k)}), SPR)
+    mod = rule.Q4Int8GEMM().apply_to_module(tvm.IRModule({"main": g.gemm(m, N, k)}), SPR)
     asm = _asm(mod, SPR)
     assert asm.count("tdpbssd") == 4 and "vpdpbusd" not in asm  # NB = 4: one per column block
     for instr in ("tileloadd", "tilestored", "tilezero", "ldtilecfg", "sttilecfg"):
@@ -167,7 +167,7 @@ def test_real_amx_form_compiles_with_its_tile_config():
     for w in (words[2], words[6]):
         assert str(w) in asm or hex(w) in asm, w
     # M < 16 (even): one tile of all the tokens
-    asm8 = _asm(rule.untuned(tvm.IRModule({"main": g.gemm(8, N, k)}), SPR), SPR)
+    asm8 = _asm(rule.Q4Int8GEMM().apply_to_module(tvm.IRModule({"main": g.gemm(8, N, k)}), SPR), SPR)
     assert "tdpbssd" in asm8 and str(words[6] - 8 - (8 << 8)) in asm8  # rows word of an 8-row C and A
 
 
@@ -215,9 +215,9 @@ def test_vnni_forms_unchanged_without_amx():
         func = g.gemm(m, N, 128)
         sch, p = _pattern(func)
         rule.schedule(sch, p, *rule.sketches(p, "avx512vnni")[0], form="avx512vnni")
-        assert tvm_ffi.structural_equal(rule.schedule_of(func, "main", ZNVER5).mod, sch.mod), m
-        assert tvm_ffi.structural_equal(rule.schedule_of(func).mod, sch.mod), m  # no target: VNNI
-    one = rule.schedule_of(g.gemm(1, N, 128), "main", SPR)
+        assert tvm_ffi.structural_equal(rule.Q4Int8GEMM().apply(func, ZNVER5).mod, sch.mod), m
+        assert tvm_ffi.structural_equal(rule.Q4Int8GEMM().apply(func, None).mod, sch.mod), m  # no target: VNNI
+    one = rule.Q4Int8GEMM().apply(g.gemm(1, N, 128), SPR)
     assert "avx512vnni" in str(one.trace) and "amx" not in str(one.trace)
 
 
@@ -227,7 +227,7 @@ def test_tokens_the_amx_tile_cannot_cover_get_the_vnni_form():
     for m in (1, 24, 40):
         _, p = _pattern(g.gemm(m, N, 64))
         assert rule.sketches(p, "amx") == [] and rule.sketches(p, "avx512vnni"), m
-    trace = str(rule.schedule_of(g.gemm(24, N, 64), "main", SPR).trace)
+    trace = str(rule.Q4Int8GEMM().apply(g.gemm(24, N, 64), SPR).trace)
     assert q4_vnni.intrin_name(4, 2) in trace and "amx" not in trace
     assert q4_amx.token_tile(48) == 16 and q4_amx.token_tile(14) == 14 and q4_amx.token_tile(7) is None
     for mb, nb in ((3, 2), (32, 2), (16, 8)):
@@ -248,6 +248,6 @@ def test_real_amx_form_runs_on_amx_host(m, k):
         np.testing.assert_array_equal(got.astype(np.int64), want, err_msg=str(sketch))
     x, packed, scale, bias = _operands(m, k)
     want = g.reference_np(x, packed, scale, bias)
-    got = _call(rule.untuned(tvm.IRModule({"main": g.gemm(m, N, k)}), SPR), _float_inputs(x, packed, scale, bias),
-                m, target=SPR)
+    mod = rule.Q4Int8GEMM().apply_to_module(tvm.IRModule({"main": g.gemm(m, N, k)}), SPR)
+    got = _call(mod, _float_inputs(x, packed, scale, bias), m, target=SPR)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -136,7 +136,7 @@ def test_avx2_form(m):
     x, packed, scale, bias = _operands()
     x = x[:m]
     want = g.reference_np(x, packed, scale, bias)
-    untuned = rule.untuned(tvm.IRModule({"main": g.gemm(m, N, K)}), haswell)
+    untuned = rule.Q4Int8GEMM().apply_to_module(tvm.IRModule({"main": g.gemm(m, N, K)}), haswell)
     asm = tvm.compile(untuned, target=haswell).mod.inspect_source("asm")
     assert "vpmaddubsw" in asm and "vpdpbusd" not in asm and "zmm" not in asm
     np.testing.assert_allclose(_run(untuned, x, packed, scale, bias, m=m, target=haswell), want, rtol=1e-5,
@@ -154,7 +154,7 @@ def test_avx_vnni_form(epilogue):
     x, packed, scale, bias = _operands()
     want = g.reference_np(x, packed, scale, bias, epilogue)
     func = g.gemm(M, N, K, epilogue)
-    untuned = rule.untuned(tvm.IRModule({"main": func}), ALDERLAKE)
+    untuned = rule.Q4Int8GEMM().apply_to_module(tvm.IRModule({"main": func}), ALDERLAKE)
     asm = tvm.compile(untuned, target=ALDERLAKE).mod.inspect_source("asm")
     assert "vpdpbusd" in asm and "zmm" not in asm
     if "avxvnni" in vnni_kinds(HOST):
@@ -172,8 +172,8 @@ def test_match_is_by_structure():
     assert (p.dot, p.scale, p.tokens, p.column_blocks) == ("first", "second", M, N // 16)
     assert len(p.epilogues) == 1
     tensorized = _scheduled(g.gemm(M, N, K), (2, 2, 0, 2))
-    assert rule.untuned(tensorized, CASCADELAKE)["main"].same_as(tensorized["main"])
-    assert not rule.untuned(tvm.IRModule({"main": renamed}), CASCADELAKE)["main"].same_as(renamed)
+    assert rule.Q4Int8GEMM().apply_to_module(tensorized, CASCADELAKE)["main"].same_as(tensorized["main"])
+    assert not rule.Q4Int8GEMM().apply_to_module(tvm.IRModule({"main": renamed}), CASCADELAKE)["main"].same_as(renamed)
 
 
 def test_other_nibble_orders_and_kernels_are_left_alone():
@@ -187,10 +187,10 @@ def test_other_nibble_orders_and_kernels_are_left_alone():
         * tirx.Cast("int32", xq[t, gg * 4 + v, p, b]), axis=[v, p, b]), name="d")
     func = te.create_prim_func([xq, wq, dot])
     mod = tvm.IRModule({"main": func})
-    assert rule.untuned(mod, CASCADELAKE)["main"].same_as(func)
+    assert rule.Q4Int8GEMM().apply_to_module(mod, CASCADELAKE)["main"].same_as(func)
     gemm = tvm.IRModule({"main": g.gemm(M, N, K)})
     for target in ({"kind": "llvm", "mcpu": "x86-64"}, {"kind": "llvm", "mcpu": "sandybridge"}):
-        assert rule.untuned(gemm, target)["main"].same_as(gemm["main"]), target  # no AVX2
+        assert rule.Q4Int8GEMM().apply_to_module(gemm, target)["main"].same_as(gemm["main"]), target  # no AVX2
 
 
 @pytest.mark.skipif(not ON_VNNI, reason="this host has no AVX-512 VNNI (the rule offers nothing here)")

@@ -19,7 +19,7 @@ def kernels():
 
 
 def _layer_norms(ks):
-    return [k for k in ks if row_norm_cpu.matches(k.func) and "layer_norm" in k.name]
+    return [k for k in ks if row_norm_cpu.RowNormCPU().matches(k.func) and "layer_norm" in k.name]
 
 
 def _layer_norm_reference(x, g, b, eps):
@@ -31,11 +31,11 @@ def _layer_norm_reference(x, g, b, eps):
 @pytest.mark.parametrize("which", ["decode", "prefill"])
 def test_layer_norm_matches_numpy(kernels, which):
     ks = kernels[which]
-    found = [k for k in ks if row_norm_cpu.matches(k.func)]
+    found = [k for k in ks if row_norm_cpu.RowNormCPU().matches(k.func)]
     assert {k.name.rstrip("0123456789") for k in found} == {"layer_norm", "softmax"}  # what matches
     found = _layer_norms(ks)
     kernel = found[0]
-    mod = row_norm_cpu.untuned(as_main(kernel.func), None)
+    mod = row_norm_cpu.RowNormCPU().apply_to_module(as_main(kernel.func), None)
     ex = tvm.compile(mod, target="llvm")
     rng = np.random.default_rng(0)
     params = kernel.func.params
@@ -55,7 +55,7 @@ def test_statistics_are_computed_once_per_row(kernels):
 
     for ks, parallel in ((kernels["decode"], False), (kernels["prefill"], True)):
         kernel = _layer_norms(ks)[0]
-        sch = Schedule(row_norm_cpu.untuned(as_main(kernel.func), None))
+        sch = Schedule(row_norm_cpu.RowNormCPU().apply_to_module(as_main(kernel.func), None))
         blocks = [b.name_hint for b in blocks_of(sch.mod["main"])]
         *stats, out = blocks
         out_loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock(out))]
@@ -74,7 +74,7 @@ def test_reductions_are_vector_partial_sums(kernels):
     from tvm.s_tir import Schedule
 
     for ks in (kernels["decode"], kernels["prefill"]):
-        sch = Schedule(row_norm_cpu.untuned(as_main(_layer_norms(ks)[0].func), None))
+        sch = Schedule(row_norm_cpu.RowNormCPU().apply_to_module(as_main(_layer_norms(ks)[0].func), None))
         partials = [b for b in blocks_of(sch.mod["main"]) if b.name_hint.endswith("_rf")]
         assert len(partials) == 2  # sum and variance sum
         d = int(sch.mod["main"].params[0].shape[-1])
@@ -91,13 +91,13 @@ def test_other_kernels_are_left_alone(kernels):
     assert any("attn" in k.name for k in others)
     for kernel in others:
         mod = as_main(kernel.func)
-        assert not row_norm_cpu.matches(kernel.func), kernel.name
-        tvm.ir.assert_structural_equal(row_norm_cpu.untuned(mod, None), mod)
+        assert not row_norm_cpu.RowNormCPU().matches(kernel.func), kernel.name
+        tvm.ir.assert_structural_equal(row_norm_cpu.RowNormCPU().apply_to_module(mod, None), mod)
 
 
 def _check_softmax(func, masked_like_phi2):
-    mod = row_norm_cpu.untuned(as_main(func), None)
-    assert row_norm_cpu.matches(func)
+    mod = row_norm_cpu.RowNormCPU().apply_to_module(as_main(func), None)
+    assert row_norm_cpu.RowNormCPU().matches(func)
     rng = np.random.default_rng(2)
     arrays = [rng.standard_normal([int(s) for s in p.shape]).astype("float32") * 4 for p in func.params]
     arrays[0].reshape(-1)[::7] = float(np.finfo("float32").min)  # masked positions: exactly 0 out

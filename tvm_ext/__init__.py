@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from . import postprocs, rules
 from .registration import register_all
-from .rulesets import RULESETS, default_postprocs, default_rules, space
+from .rulesets import RULESETS, SCHEDULES, default_postprocs, default_rules, space
+from .schedule_rule import ScheduleRule
+from .scheduling import ApplySchedules
 
 __version__ = "0.1.0"
 
@@ -29,7 +31,8 @@ from .amx import request_amx_if_host_has_it  # noqa: E402
 
 AMX_REFUSED = request_amx_if_host_has_it()
 
-__all__ = ["RULESETS", "default_postprocs", "default_rules", "postprocs", "rules", "space"]
+__all__ = ["RULESETS", "SCHEDULES", "ApplySchedules", "ScheduleRule", "default_postprocs", "default_rules", "postprocs",
+           "rules", "space"]
 
 
 def __getattr__(name):  # lazy: workloads and tuning pull in relax

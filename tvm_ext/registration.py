@@ -78,7 +78,10 @@ def unregister() -> None:
 
 
 def _register(name: str, cls) -> str:
-    tvm_ffi.register_global_func(name, lambda: cls(), override=True)
+    from tvm_ext.schedule_rule import ScheduleRule
+
+    make = (lambda: cls().meta_schedule()) if isinstance(cls, type) and issubclass(cls, ScheduleRule) else cls
+    tvm_ffi.register_global_func(name, lambda: make(), override=True)
     if name not in _OWN:
         _OWN.append(name)
     return name

@@ -15,6 +15,16 @@
                      Int8TensorCoreCUDA (+ RewriteTensorize before VerifyGPUCode).
 ``no-inline-const``  ``plugin`` without any InlineConstantScalars (the ablation).
 ``upstream``         TVM's built-in defaults, untouched.
+
+Schedules (``SCHEDULES``: what ``tvm_ext.ApplySchedules`` applies to a module, without tuning):
+
+``dlight``  dlight's default rules for the target (``dlight_rules``);
+``rule``    our rules where they match (``schedule_rules``: on CPUs the q4 x int8 GEMM, the
+            dequantize-GEMV, row normalizations, contractions, injective kernels; on GPUs the
+            dequantize-GEMV and attention's value product), dlight for the rest;
+``int8``    as ``rule`` (the name of a module built with int8 projections);
+``tuned``   a tuning database's best record where it holds the kernel, else as ``rule``;
+``none``    every kernel as built.
 """
 from __future__ import annotations
 
@@ -27,8 +37,14 @@ from tvm.s_tir.meta_schedule.schedule_rule import ScheduleRule
 
 from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
 from tvm_ext.intrinsics.vnni import u8s8_intrin_name
+from tvm_ext.schedule_rule import is_gpu
 
 RULESETS = ("plugin", "no-inline-const", "upstream")
+SCHEDULES = ("dlight", "rule", "int8", "tuned", "none")
+GPU_SCHEDULES = ("dlight", "rule")  # the GPU decode's rows
+PROMPT_SCHEDULES = ("int8", "tuned")  # the int8 prompt's rows
+LAYER_SCHEDULES = ("dlight", "metaschedule", "seeded", "rule")  # the layer bench's rows: tuned from scratch,
+# tuned from our rules' seeds (``tuned`` on the database it fills), ``rule`` where our rules exist for the target
 
 
 def target_kind(target: tvm.target.Target) -> str:
@@ -43,6 +59,39 @@ def check_ruleset(ruleset: str) -> str:
     if ruleset not in RULESETS:
         raise ValueError(f"unknown ruleset {ruleset!r}; choose one of {', '.join(RULESETS)}")
     return ruleset
+
+
+def check_schedules(names, allowed=SCHEDULES, where: str = "") -> tuple:
+    """``names`` (a comma-separated string or a sequence) as a tuple, each one of ``allowed``; ValueError
+    (one line) otherwise.  ``where``: the context the allowed names are for ("on a GPU")."""
+    names = tuple(x.strip() for x in (names.split(",") if isinstance(names, str) else names) if x.strip())
+    if not names:
+        raise ValueError("no schedule given")
+    for name in names:
+        if name not in allowed:
+            raise ValueError(f"unknown schedule {name!r}; {where + ' ' if where else ''}the schedules are "
+                             f"{', '.join(allowed)}")
+    return names
+
+
+def dlight_rules(target) -> list:
+    """dlight's default rules for ``target``, in order (``dlight``)."""
+    from tvm.s_tir import dlight as dl
+
+    if is_gpu(target):
+        g = dl.gpu
+        return [g.Matmul(), g.GEMV(), g.LowBatchGEMV(), g.Reduction(), g.GeneralReduction(), g.Fallback()]
+    return [dl.cpu.GEMV(), dl.cpu.Reduction()]
+
+
+def schedule_rules(target) -> list:
+    """Our rules (``tvm_ext.schedule_rule.ScheduleRule``) for ``target``, the first that matches a kernel
+    schedules it (``rule``)."""
+    from tvm_ext import rules as r
+
+    if is_gpu(target):
+        return [r.DequantGEMVCUDA(), r.ContractionCUDA()]
+    return [r.Q4Int8GEMM(), r.DequantGEMV(), r.RowNormCPU(), r.ContractionCPU(), r.InjectiveCPU()]
 
 
 def _name(obj) -> str:
@@ -98,7 +147,8 @@ def with_cpu_rules(rules: list) -> list:
     from tvm_ext.rules.q4_int8_gemm import Q4Int8GEMM
     from tvm_ext.rules.row_norm_cpu import RowNormCPU
 
-    return _before_tiling(rules, [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()])
+    ours = [DequantGEMV(), Q4Int8GEMM(), RowNormCPU(), ContractionCPU(), InjectiveCPU()]
+    return _before_tiling(rules, [rule.meta_schedule() for rule in ours])
 
 
 def with_cuda_rules(rules: list, target) -> list:
@@ -111,7 +161,7 @@ def with_cuda_rules(rules: list, target) -> list:
     from tvm_ext.rules.contraction_cuda import ContractionCUDA
     from tvm_ext.rules.dequant_gemv_cuda import DequantGEMVCUDA
 
-    ours = [DequantGEMVCUDA(), ContractionCUDA()]
+    ours = [DequantGEMVCUDA().meta_schedule(), ContractionCUDA().meta_schedule()]
     if int8_tc.supported(target):
         ours.append(int8_tc.Int8TensorCoreCUDA())
     return _before_tiling(rules, ours)

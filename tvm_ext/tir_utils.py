@@ -33,16 +33,6 @@ def prim_funcs(mod: tvm.IRModule) -> Iterator[tuple[str, tirx.PrimFunc]]:
             yield gv.name_hint, func
 
 
-def schedule_each(mod: tvm.IRModule, schedule_of) -> tvm.IRModule:
-    """``mod`` with each PrimFunc replaced by ``schedule_of(func, name)``'s function where that
-    returns a Schedule (the rule matched), unchanged where it returns None: a rule's ``untuned``."""
-    out = {}
-    for gv, func in mod.functions.items():
-        sch = schedule_of(func, gv.name_hint) if isinstance(func, tirx.PrimFunc) else None
-        out[gv] = func if sch is None else sch.mod[gv.name_hint]
-    return tvm.IRModule(out, attrs=mod.attrs)
-
-
 def blocks_of(func: tirx.PrimFunc) -> list[SBlock]:
     """Every SBlock of ``func`` except the implicit root block."""
     realizes = collect(func.body, SBlockRealize)
@@ -134,56 +124,3 @@ def vectorize_row(sch, loop, extent: int, lanes, odd: bool, full: int = 16) -> N
     elif extent >= full:
         head = sch.loop_partition(loop, [full * (extent // full), None])[0]
         sch.vectorize(sch.split(head, [None, full])[1])
-
-
-def planned_schedule(func, name: str, plan_of, schedule_fn):
-    """A Schedule of ``func`` (as ``name``) with ``schedule_fn(sch, plan)`` applied, where ``plan_of(func)``
-    gives a plan; None where it gives none or the schedule raises ScheduleError (a rule's ``schedule_of``)."""
-    from tvm.s_tir import Schedule  # pylint: disable=import-outside-toplevel
-    from tvm.s_tir.schedule import ScheduleError  # pylint: disable=import-outside-toplevel
-
-    plan = plan_of(func)
-    if plan is None:
-        return None
-    sch = Schedule(tvm.IRModule({name: func}))
-    sch.work_on(name)
-    try:
-        schedule_fn(sch, plan)
-    except ScheduleError:
-        return None
-    return sch
-
-
-def untuned_and_matches(schedule_of, what: str):
-    """A target-free rule module's ``untuned(mod, target=None)`` (every PrimFunc that ``schedule_of`` schedules
-    replaced by its schedule, the others unchanged) and ``matches(func)`` (whether it schedules ``func``);
-    ``what`` names the pattern in their docstrings."""
-    def untuned(mod: tvm.IRModule, target=None) -> tvm.IRModule:  # pylint: disable=unused-argument
-        return schedule_each(mod, schedule_of)
-
-    def matches(func) -> bool:
-        return schedule_of(func) is not None
-
-    untuned.__doc__ = f"Every PrimFunc of ``mod`` that is {what} scheduled; the others unchanged."
-    matches.__doc__ = f"Whether ``untuned`` schedules ``func`` ({what})."
-    return untuned, matches
-
-
-def working_func(sch) -> tirx.PrimFunc:
-    """The PrimFunc a (MetaSchedule) Schedule works on, as it is now."""
-    return sch.mod[sch.func_working_on.name_hint] if sch.func_working_on is not None else sch.mod["main"]
-
-
-def one_candidate(sch, schedule_fn) -> list:
-    """A rule's answer that adds one sketch beside the others: ``[copy, sch]`` with ``schedule_fn(copy)``
-    applied to the copy (its blocks marked for the other rules to skip) and ``sch`` unchanged for the
-    other rules' sketches, or ``[sch]`` where it raises ScheduleError."""
-    from tvm.s_tir.schedule import ScheduleError  # pylint: disable=import-outside-toplevel
-
-    cand = sch.copy()
-    try:
-        schedule_fn(cand)
-    except ScheduleError:
-        return [sch]
-    return [cand, sch]
-

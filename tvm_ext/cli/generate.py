@@ -88,6 +88,7 @@ def run(args) -> int:
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.cli.generate_prompt import int8_database, run_prompt
     from tvm_ext.jsonio import write_json
+    from tvm_ext.rulesets import check_schedules
 
     from tvm_ext.targets import resolve_target
     from tvm_ext.tune.seeds import is_gpu
@@ -109,10 +110,7 @@ def run(args) -> int:
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if any(p != "llama.cpp" for p in peers):
         raise ValueError(f"without --prompt, --peers takes llama.cpp (its decode), not {args.peers!r}")
-    schedules = tuple(x.strip() for x in (args.schedule or ("tuned" if args.tune else "dlight")).split(",")
-                      if x.strip())
-    if not schedules:
-        raise ValueError("--schedule is empty")
+    schedules = check_schedules(args.schedule or ("tuned" if args.tune else "dlight"))
     if args.tune and "tuned" not in schedules:
         raise ValueError("--tune fills the database of --schedule tuned: add tuned to --schedule")
     args.context = 512 if args.context is None else args.context
@@ -156,14 +154,14 @@ def run_gpu(args) -> int:
     """``generate --target cuda``: ``bench.phi2.decode_gpu`` (rows dlight and rule, the torch peer)."""
     import json
 
-    from tvm_ext.bench.phi2.decode_gpu import SCHEDULES, build_only, check_schedules, decode_gpu_rows
+    from tvm_ext.bench.phi2.decode_gpu import build_only, decode_gpu_rows
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.jsonio import write_json
+    from tvm_ext.rulesets import GPU_SCHEDULES, check_schedules
 
     if args.prompt or args.tune:
         raise ValueError("on a GPU generate decodes only: no --prompt or --tune yet")
-    schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
-    check_schedules(schedules)  # before the peer's model is built
+    schedules = check_schedules(args.schedule or GPU_SCHEDULES, GPU_SCHEDULES, "on a GPU")  # before the peer's model
     context = 512 if args.context is None else args.context
     quiet = (lambda msg: None) if args.quiet else log
     if args.build_only:

@@ -19,15 +19,14 @@ def run_prompt(args, note: str | None = None) -> int:
     """``generate --prompt N`` (also ``bench phi2-prefill`` on the CPU, which passes its ``note``)."""
     import json
 
-    from tvm_ext.bench.phi2.prompt import SCHEDULES, prompt_rows
+    from tvm_ext.bench.phi2.prompt import prompt_rows
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.jsonio import write_json
+    from tvm_ext.rulesets import PROMPT_SCHEDULES, check_schedules
 
     if args.prompt % 2:
         raise ValueError(f"--prompt must be even (the GEMM's token tiles are 2, 4 or 8 tokens), not {args.prompt}")
-    schedules = tuple(x.strip() for x in (args.schedule or ",".join(SCHEDULES)).split(",") if x.strip())
-    if not schedules or any(s not in SCHEDULES for s in schedules):
-        raise ValueError(f"with --prompt, --schedule takes {', '.join(SCHEDULES)}, not {args.schedule!r}")
+    schedules = check_schedules(args.schedule or PROMPT_SCHEDULES, PROMPT_SCHEDULES, "with --prompt")
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in peers:
         if p not in PEERS:

@@ -15,9 +15,9 @@ import os
 from typing import Callable
 
 import tvm
-import tvm_ffi
 
 from tvm_ext.jsonio import read_json, write_json
+from tvm_ext.scheduling import kernel_key  # noqa: F401  (the files beside a database are keyed by it)
 from tvm_ext.tune.database import mean_run_seconds, open_database, records_of, repair_database
 from tvm_ext.tune.driver import Task, tune_task
 from tvm_ext.tune.runner import make_runner
@@ -32,11 +32,6 @@ def kernel_database(db_dir: str, log: Callable[[str], None] = print):
     os.makedirs(db_dir, exist_ok=True)
     repair_database(db_dir, log)
     return open_database(db_dir)
-
-
-def kernel_key(mod: tvm.IRModule) -> str:
-    """A kernel's key in the files beside its database: its IRModule's structural hash."""
-    return f"{tvm_ffi.structural_hash(mod):016x}"
 
 
 def _read_order(db_dir: str) -> dict:

@@ -1,93 +1,22 @@
-"""Where a kernel's tuning starts, and what a database gives back: the scheduling policy the
-Phi-2 benches and ``tvm-ext generate`` share.
+"""Where a kernel's tuning starts: database seeding and side-by-side measuring.
 
-* ``rule_schedule``: our rules' untuned schedule of a kernel (on CPUs the q4 x int8 GEMM, the
-  dequantize-GEMV, a row normalization, a contraction, an injective kernel; on GPUs the dequantize-GEMV and
-  attention's value product), the first that matches;
-* ``dlight_schedule``: the first dlight rule that applies (the untouched peer row);
-* ``seed_rules`` / ``seed_database``: either one committed as a tuning record with the seconds the
-  tuning runner measured, so the search starts from it and a tuned record ranks above it only
-  when that same runner measured it faster ("tuned" never loses to "untuned");
+* ``seed_rules`` / ``seed_database``: the untuned schedule (``tvm_ext.scheduling.untuned_schedule``: our
+  rules', else dlight's) committed as a tuning record with the seconds the tuning runner measured, so
+  the search starts from it and a tuned record ranks above it only when that same runner measured it
+  faster ("tuned" never loses to "untuned");
 * ``tune_from_rules``: ``seed_rules`` then ``tune_kernels`` through the plugin space, then
   ``confirm_picks``: each pick that is not the untuned schedule measured beside it;
-* ``best_schedule``: a database's best record of a kernel, applied; ``tuned_schedule``: that, unless
-  the side-by-side check kept the untuned schedule.
+* ``tuned_inputs``: a work dir's database and the kernels ``confirm_picks`` kept untuned, what the
+  ``tuned`` schedule of ``tvm_ext.ApplySchedules`` reads.
 """
 from __future__ import annotations
 
 import os
 
 from tvm_ext.jsonio import read_json, write_json
-from tvm_ext.tune.database import best_record, records_of
-
-GPU_KINDS = ("cuda", "rocm", "vulkan", "metal", "opencl")
-
-
-def is_gpu(target) -> bool:
-    return target.kind.name in GPU_KINDS
-
-
-# --------------------------------------------------------------------------- what a kernel starts from
-def rule_schedule(mod, target):
-    """(rule name, Schedule) of our first untuned schedule that schedules ``mod``'s ``main``; on CPUs:
-    q4_int8_gemm (int8 projections), dequant_gemv (float projections), row_norm_cpu (LayerNorm),
-    contraction_cpu (attention), injective_cpu (rope, concatenates); on GPUs: dequant_gemv_cuda (the
-    q4 projections), contraction_cuda (attention's value product); None when none does."""
-    from tvm_ext.rules import (contraction_cpu, contraction_cuda,  # pylint: disable=import-outside-toplevel
-                               dequant_gemv, dequant_gemv_cuda, injective_cpu, q4_int8_gemm, row_norm_cpu)
-
-    func = mod["main"]
-    if is_gpu(target):
-        candidates = (("dequant_gemv_cuda", lambda: dequant_gemv_cuda.schedule_of(func)),
-                      ("contraction_cuda", lambda: contraction_cuda.schedule_of(func)))
-    else:
-        candidates = (("q4_int8_gemm", lambda: q4_int8_gemm.schedule_of(func, target=target)),
-                      ("dequant_gemv", lambda: dequant_gemv.schedule_of(func, target=target)),
-                      ("row_norm_cpu", lambda: row_norm_cpu.schedule_of(func)),
-                      ("contraction_cpu", lambda: contraction_cpu.schedule_of(func)),
-                      ("injective_cpu", lambda: injective_cpu.schedule_of(func)))
-    for name, schedule_of in candidates:
-        sch = schedule_of()
-        if sch is not None:
-            return name, sch
-    return None
-
-
-def dlight_rules(target):
-    from tvm.s_tir import dlight as dl
-
-    if is_gpu(target):
-        g = dl.gpu
-        return [g.Matmul(), g.GEMV(), g.LowBatchGEMV(), g.Reduction(), g.GeneralReduction(), g.Fallback()]
-    return [dl.cpu.GEMV(), dl.cpu.Reduction()]
-
-
-def dlight_schedule(mod, target, validate=None):
-    """(rule name, Schedule) for the first dlight rule that applies; ("none", None) if none
-    does (on llvm the kernel then compiles unscheduled).  With ``validate`` (a callable that
-    raises when a scheduled module does not build), a rule whose schedule fails is skipped
-    and named in the result, e.g. "Fallback (GEMV failed)"."""
-    func = mod["main"]
-    failed = []
-    with target:
-        for rule in dlight_rules(target):
-            name = type(rule).__name__
-            try:
-                sch = rule.apply(func, target, False)
-            except Exception:  # noqa: BLE001 -- a rule that crashes counts as not applying
-                sch = None
-            if isinstance(sch, (list, tuple)):
-                sch = sch[0] if sch else None
-            if sch is None:
-                continue
-            if validate is not None:
-                try:
-                    validate(sch.mod)
-                except Exception:  # noqa: BLE001
-                    failed.append(name)
-                    continue
-            return (f"{name} ({', '.join(failed)} failed)" if failed else name), sch
-    return ("none" + (f" ({', '.join(failed)} failed)" if failed else "")), None
+from tvm_ext.schedule_rule import is_gpu  # noqa: F401  (the harness asks it here)
+from tvm_ext.scheduling import as_built, best_schedule, not_ours, rule_schedule, untuned_schedule
+from tvm_ext.tune.database import records_of
 
 
 # --------------------------------------------------------------------------- seeding a database
@@ -108,7 +37,7 @@ def seed_rules(mods: dict, target, db_dir: str, log=print, runner=None) -> int:
         found = rule_schedule(mod, target)
         if found is not None:
             mine.add(name)
-        picked[name] = (mod, found[1] if found is not None else _not_ours(mod, target))
+        picked[name] = (mod, found[1] if found is not None else not_ours(mod, target))
     if picked:
         log(f"measuring the untuned schedules of {len(picked)} kernels with the tuning runner ...")
         secs = runner_seconds({n: sch.mod for n, (_, sch) in picked.items()}, target, runner or make_runner(),
@@ -122,29 +51,6 @@ def seed_rules(mods: dict, target, db_dir: str, log=print, runner=None) -> int:
     return ours
 
 
-def untuned_schedule(mod, target):
-    """The untuned row's Schedule of ``mod``: our rules' (``rule_schedule``), else dlight's, else the
-    kernel as built."""
-    found = rule_schedule(mod, target)
-    return found[1] if found is not None else _not_ours(mod, target)
-
-
-def _not_ours(mod, target):
-    """The untuned Schedule of a kernel no rule of ours matches: dlight's, else as built."""
-    sch = dlight_schedule(mod, target)[1]
-    return sch if sch is not None else _as_built(mod)
-
-
-def _as_built(mod):
-    """A Schedule of ``mod`` left as built whose trace is not empty: JSONDatabase writes a record with
-    an empty trace but never returns it, so the trace holds one lookup."""
-    from tvm.s_tir import Schedule
-
-    sch = Schedule(mod)
-    sch.get_child_blocks(sch.get_sblock("root", func_name="main"))
-    return sch
-
-
 def seed_database(db, mods, dlight, target, dlight_secs):
     """Commit the dlight schedule of each kernel as a tuning record (empty trace where dlight
     has no rule, i.e. the unscheduled kernel), with ``dlight_secs[name]`` as its run time
@@ -155,7 +61,7 @@ def seed_database(db, mods, dlight, target, dlight_secs):
         if db.has_workload(mod) and db.get_top_k(db.commit_workload(mod), 1):
             continue
         wl = db.commit_workload(mod)
-        sch = dlight[name][1] if dlight[name][1] is not None else _as_built(mod)  # no dlight rule
+        sch = dlight[name][1] if dlight[name][1] is not None else as_built(mod)  # no dlight rule
         db.commit_tuning_record(
             ms.database.TuningRecord(
                 sch.trace, wl, run_secs=[float(dlight_secs[name])], target=target,
@@ -259,20 +165,12 @@ def read_kept(db_dir: str) -> dict:
     return read_json(os.path.join(db_dir, KEPT_FILE), {})
 
 
-# --------------------------------------------------------------------------- reading one back
-def best_schedule(db, mod):
-    """The best scheduled IRModule in ``db`` for ``mod``, or None."""
-    from tvm_ext.tune.apply import scheduled_mod
+# --------------------------------------------------------------------------- what ``tuned`` reads
+def tuned_inputs(db_dir: str) -> tuple:
+    """(the work dir's database, read only; the keys of the kernels ``confirm_picks`` kept untuned): the
+    ``database`` and ``keep_untuned`` of ``tvm_ext.ApplySchedules(target, "tuned", ...)``."""
+    from tvm_ext.tune.database import open_database
 
-    record = best_record(db, mod)
-    return None if record is None else scheduled_mod(record, mod)
-
-
-def tuned_schedule(db, db_dir: str, mod, target):
-    """What the tuned row runs for ``mod``: the best record of ``db`` (in ``db_dir``), unless the
-    side-by-side check (``confirm_picks``) kept the untuned schedule; None without a record."""
-    from tvm_ext.tune.kernels import kernel_key
-
-    if kernel_key(mod) in read_kept(db_dir) and best_record(db, mod) is not None:
-        return untuned_schedule(mod, target).mod
-    return best_schedule(db, mod)
+    if not db_dir or not os.path.isdir(db_dir):
+        raise ValueError(f"schedule 'tuned': no tuning database {db_dir}")
+    return open_database(db_dir, read_only=True), frozenset(read_kept(db_dir))

@@ -19,65 +19,27 @@ decode).
 """
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2.kernels import build_validator, measure_bandwidth, nbytes, normalize, rule_module
+from tvm_ext.bench.phi2.kernels import measure_bandwidth, nbytes, normalize
 from tvm_ext.bench.timing import set_threads
-from tvm_ext.tune.seeds import dlight_schedule, rule_schedule, tuned_schedule
+from tvm_ext.rulesets import SCHEDULES, check_schedules
 
-
-SCHEDULES = ("dlight", "rule", "tuned", "none", "int8")
 INT8_ROWS = ("int8", "tuned")  # rows of the int8 model (compute="int8"): different numbers than the float rows'
 DECODE_FUNCS = ("embed", "layer", "head")
+KV_WRITES = ("kv_write", "kv_write_prompt")  # the in-place KV-cache writes: never scheduled
 
 
 def schedule(mod, target, how="dlight", database=None):
-    """``mod`` with every PrimFunc scheduled: ``"dlight"`` by dlight's CPU rules; ``"rule"``
-    by tvm_ext's dequantize-GEMV rule (rules/dequant_gemv), row-normalization schedule
-    (rules/row_norm_cpu: LayerNorm) and contraction schedule (rules/contraction_cpu: decode
-    attention) for the kernels they match and dlight for the rest (``"int8"``: the same, for a
-    module built with ``compute="int8"``: its projections are rules/q4_int8_gemm's); ``"tuned"`` by the best
-    record of the tuning database ``database`` (a work dir, read only) for the kernels it holds (same
-    structural hash; the untuned schedule where the side-by-side check kept it, ``seeds.tuned_schedule``)
-    and as ``"rule"`` for the rest (tuned at 0 trials is the untuned rule);
-    ``"none"`` leaves the kernels as built (LLVM
-    compiles them in seconds: for quick checks).  Returns (module, {kernel name: dlight rule
-    name | "dequant_gemv" | "row_norm_cpu" | "contraction_cpu" |
-    "tuned" | "none" | "hand-scheduled"}); the in-place KV write is never scheduled."""
-    import tvm
+    """(``mod`` scheduled ``how`` by ``tvm_ext.ApplySchedules``, {kernel: what scheduled it}); ``tuned``
+    reads the work dir ``database`` (``tune.seeds.tuned_inputs``); the in-place KV writes are left."""
+    from tvm_ext.scheduling import schedule_module
+    from tvm_ext.tune.seeds import tuned_inputs
 
-    if how not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
-    if how in ("rule", "int8"):
-        rule_module(required=True)  # one clear line where this install lacks the rule
-    db = tuning_database(database) if how == "tuned" else None
-    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    used = {}
-    if how == "none":
-        return mod, used
-    for gv, func in list(mod.functions_items()):
-        if not isinstance(func, tvm.tirx.PrimFunc) or gv.name_hint in ("kv_write", "kv_write_prompt"):
-            continue
-        if func.attrs is not None and "tir.is_scheduled" in func.attrs:  # the int8 quantize kernels
-            used[gv.name_hint] = "hand-scheduled"
-            continue
-        m = normalize(func)
-        best = tuned_schedule(db, database, m, target) if db is not None else None
-        ours = rule_schedule(m, target) if how in ("rule", "int8", "tuned") and best is None else None
-        if best is not None:
-            sch_mod, used[gv.name_hint] = best, "tuned"
-        elif ours is not None:
-            used[gv.name_hint], sch_mod = ours[0], ours[1].mod
-        else:
-            name, sch = dlight_schedule(m, target, build_validator(target))  # GPU: a rule whose kernel fails falls back
-            used[gv.name_hint] = name
-            sch_mod = None if sch is None else sch.mod
-        if sch_mod is not None:
-            mod[gv] = sch_mod["main"].with_attr("global_symbol", gv.name_hint)
-    return mod, used
+    db, kept = tuned_inputs(database) if how == "tuned" else (None, ())
+    return schedule_module(mod, target, how, db, kept, skip=KV_WRITES)
 
 
 def model_kernels(model, funcs=DECODE_FUNCS) -> dict:
@@ -94,15 +56,6 @@ def model_kernels(model, funcs=DECODE_FUNCS) -> dict:
             if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tir.is_scheduled" in func.attrs):
                 out[name] = normalize(func)
     return out
-
-
-def tuning_database(path):
-    """The tuning database in work dir ``path``, read only."""
-    from tvm_ext.tune.database import open_database
-
-    if not path or not os.path.isdir(path):
-        raise ValueError(f"schedule 'tuned': no tuning database {path}")
-    return open_database(path, read_only=True)
 
 
 def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=None, share=None):
@@ -147,6 +100,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     ``of_bound`` the median of its rounds' tok/s over that round's bound (the copy bandwidth measured
     just before and after it).  ``peer``: a callable timed once per round after the rows, returning
     its tok/s (llama.cpp's decode); each row's ``vs_peer`` is the median of the rounds' ratios."""
+    from tvm_ext.tune.seeds import tuned_inputs
     from tvm_ext.workloads.phi2 import model as pm
 
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
@@ -156,13 +110,9 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     if context < 0:
         raise ValueError(f"context must be at least 0, not {context}")
     pm.check_config(config, layers, context + tokens)
-    for how in schedules:  # one clear line before minutes of work
-        if how not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
-        if how in ("rule", "int8"):
-            rule_module(required=True)
+    for how in check_schedules(schedules, SCHEDULES):  # one clear line before minutes of work
         if how == "tuned" and not tune_trials:
-            tuning_database(database)
+            tuned_inputs(database)
         if how in INT8_ROWS:
             from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
 

@@ -1,7 +1,7 @@
 """Whole-model Phi-2 decode on a GPU: the one-function step under a CUDA graph, tok/s against the bound.
 
 ``decode_gpu_rows(schedules, ...)`` builds ``workloads.phi2.step`` (q4f16_1: fp16 activations, KV cache
-and biases; random q4 weights), schedules it per row (``decode.schedule``: "dlight" = dlight's GPU rules;
+and biases; random q4 weights), schedules it per row (``tvm_ext.ApplySchedules``: "dlight" = dlight's GPU rules;
 "rule" = our CUDA rules -- rules/dequant_gemv_cuda for the projections, rules/contraction_cuda for the
 attention's value product -- and dlight for the rest), compiles it with Relax's CUDA-graph rewriting
 (``step.compile_step``) and uploads the weights once for all rows.  Each round, each row fills its KV
@@ -22,15 +22,13 @@ import numpy as np
 
 from tvm_ext.bench.phi2.decode import schedule
 from tvm_ext.bench.phi2.kernels import measure_bandwidth
-
-SCHEDULES = ("dlight", "rule")
+from tvm_ext.rulesets import GPU_SCHEDULES as SCHEDULES
+from tvm_ext.rulesets import check_schedules as _check
 
 
 def check_schedules(schedules) -> None:
     """ValueError (one line) for a schedule the GPU decode has no row for."""
-    for how in schedules:
-        if how not in SCHEDULES:
-            raise ValueError(f"on a GPU the schedules are {', '.join(SCHEDULES)}, not {how!r}")
+    _check(schedules, SCHEDULES, "on a GPU")
 
 
 def _timed(dec, tokens: int, context: int, seed: int):

@@ -41,7 +41,8 @@ class Int8Projection:
         self.copies = self.plan.copies(self.bytes)
 
         def build(func):
-            mod = rule.untuned(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target)
+            mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+            mod = rule.Q4Int8GEMM().apply_to_module(mod, target)
             return tvm.compile(mod, target=target)["main"]
 
         self.quantize = build(g.quantize_tokens(1, k))

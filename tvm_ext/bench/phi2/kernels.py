@@ -1,12 +1,11 @@
 """Phi-2 bench kernels: which kernels a workload has, how they are built, checked and timed.
 
-How each is scheduled (dlight, our rules, a database's best, the seeds of a tuning) is
-``tvm_ext.tune.seeds``; tuning, databases and candidate sampling go through ``tvm_ext.tune``;
-CUDA source and nvcc through ``tvm_ext.lowering`` and ``tvm_ext.check.nvcc``.
+How each is scheduled (dlight, our rules, a database's best) is ``tvm_ext.scheduling``; tuning,
+databases and candidate sampling go through ``tvm_ext.tune``; CUDA source and nvcc through
+``tvm_ext.lowering`` and ``tvm_ext.check.nvcc``.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import time
 
@@ -15,16 +14,10 @@ import tvm_ffi
 
 from tvm_ext.arrays import random_arrays
 from tvm_ext.rulesets import space
+from tvm_ext.scheduling import build_validator, normalize  # noqa: F401  (the benches' kernels are keyed so)
 from tvm_ext.tir_utils import shape_bytes
 from tvm_ext.tune.runner import runner_seconds  # noqa: F401  (phi2 and its tests measure seeds with it)
-from tvm_ext.tune.seeds import is_gpu
 
-def normalize(func):
-    """The IRModule MetaSchedule keys a PrimFunc by (see TuneContext)."""
-    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
-
-    func = func.without_attr("global_symbol") if func.attrs and "global_symbol" in func.attrs else func
-    return _normalize_mod(func.with_attr("global_symbol", "main"))
 
 
 def kernelsets(workload, config, context, tokens, dtype):
@@ -44,35 +37,11 @@ def kernelsets(workload, config, context, tokens, dtype):
     return wls, out
 
 
-# --------------------------------------------------------------------------- our CPU schedules
-def rule_module(required: bool = False, gpu: bool = False):
-    """The dequantize-GEMV rule module (rules/dequant_gemv.py, or rules/dequant_gemv_cuda.py for a GPU;
-    imported lazily), or None where this install lacks it; with ``required`` a ValueError (one clear
-    line) instead of None."""
-    name = "dequant_gemv_cuda" if gpu else "dequant_gemv"
-    try:
-        module = importlib.import_module(f"tvm_ext.rules.{name}")
-    except ImportError:
-        if required:
-            raise ValueError(f"schedule 'rule' needs the dequantize-GEMV rule (rules/{name}.py), "
-                             "which this install does not have") from None
-        return None
-    return module
-
-
 # --------------------------------------------------------------------------- build
 def build(mod, target):
     import tvm
 
     return tvm.compile(mod, target=target)
-
-
-def build_validator(target):
-    """None on CPU (everything dlight makes builds); on GPU a function that builds with nvcc."""
-    if not is_gpu(target):
-        return None
-    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
-    return lambda m: build(m, target)
 
 
 def nvcc_build(mod, target) -> None:

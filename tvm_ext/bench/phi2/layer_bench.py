@@ -65,9 +65,8 @@ import tvm_ffi
 
 from tvm_ext.bench.phi2 import measure as phi2_measure
 from tvm_ext.bench.dram import CopyPlan, cpu_info, llc_bytes
-from tvm_ext.bench.phi2.kernels import (build, build_validator, combine, kernelsets, log_dir, nbytes,
-                                        normalize, nvcc_build, rule_module, runner_seconds, sampled_schedule,
-                                        verify)
+from tvm_ext.bench.phi2.kernels import (build, combine, kernelsets, log_dir, nbytes, normalize, nvcc_build,
+                                        runner_seconds, sampled_schedule, verify)
 from tvm_ext.bench.phi2.peers import make_peers
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.targets import resolve_target
@@ -76,11 +75,13 @@ from tvm_ext.tune.database import DB_FILES, WORK_ROOT, databases_root, open_data
 from tvm_ext.tune.kernels import kernel_database, trials_to_beat, tune_kernels
 from tvm_ext.tune.runner import make_runner
 from tvm_ext.bench.cycled import CycledTimer
-from tvm_ext.tune.seeds import (best_schedule, confirm_picks, dlight_schedule, is_gpu, rule_schedule,
-                                 seed_database, tuned_schedule)
+from tvm_ext.rulesets import LAYER_SCHEDULES, check_schedules
+from tvm_ext.scheduling import (best_schedule, build_validator, dlight_schedule, is_gpu, rule_schedule,
+                                tuned_schedule)
+from tvm_ext.tune.seeds import confirm_picks, read_kept, seed_database
 
 DEFAULT_TRIALS = {"phi2-decode": 6, "phi2-prefill": 3}
-SCHEDULES = ("dlight", "metaschedule", "seeded")
+SCHEDULES = LAYER_SCHEDULES[:3]  # the rows every install has; "rule" where our rules exist for the target
 N_LAYERS = 32
 
 
@@ -142,7 +143,7 @@ def _schedules(ks, target, kind, trials, from_logs, build_only, tuning_dir, log,
         db = open_database(path, read_only=not tuning)  # benching from logs never writes there
         scheduled[sched] = {}
         for name, m in mods.items():
-            best = tuned_schedule(db, path, m, target) if sched == "seeded" else best_schedule(db, m)
+            best = tuned_schedule(db, m, target, read_kept(path)) if sched == "seeded" else best_schedule(db, m)
             if best is None:  # no record: fall back to the seed (seeded) or the plain kernel
                 best = start[name] if sched == "seeded" else m
             scheduled[sched][name] = best
@@ -180,12 +181,11 @@ def _trials_to_beat(dbs, ks, dl_secs, measured):
 
 
 # --------------------------------------------------------------------------- main
-def available_schedules(gpu: bool = False) -> tuple:
-    """SCHEDULES, plus "rule" when the dequantize-GEMV rule is installed: on CPUs its ``untuned`` schedule
-    (rules/dequant_gemv.py) for the kernels it ``matches`` (and those of our other CPU rules for
-    LayerNorm, attention, rope and the concatenates), on GPUs rules/dequant_gemv_cuda.py's for the q4
-    projections; dlight's for the others."""
-    return SCHEDULES + (("rule",) if rule_module(gpu=gpu) is not None else ())
+def available_schedules(gpu: bool = False) -> tuple:  # pylint: disable=unused-argument
+    """``rulesets.LAYER_SCHEDULES``: "rule" is our rules' untuned schedule (on CPUs the dequantize-GEMV,
+    LayerNorm, attention, rope and the concatenates; on GPUs the q4 projections and the value product),
+    dlight's for the others."""
+    return LAYER_SCHEDULES
 
 
 def run(workload, target="llvm", trials=None, from_logs=False, build_only=False, out_json=None,
@@ -256,8 +256,11 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
     extra = {"hot": hot, "copies": {key: a.copies for key, a in args.items()}, "projection": proj,
              "same_as": same_as, "floor": floor}
     if "rule" in schedules:
+        from tvm_ext.rules import DequantGEMV, DequantGEMVCUDA
+
+        gemv_rule = DequantGEMVCUDA() if gpu else DequantGEMV()  # the projections the rule row changes
         extra["rule_matched"] = {(f, k.name) for f in (False, True) for k in kss[f].kernels
-                                 if rule_module(gpu=gpu).matches(normalize(k.func)["main"])}
+                                 if gemv_rule.matches(normalize(k.func)["main"])}
     rows = _rows(kss, sec, bandwidth, rules, beat, verified, ntok, schedules, extra)
     peer_rows = [dict({"peer": p.name, "projection": p.projection, "ms": t * 1e3,
                        "bound_ms": p.bytes / bandwidth / 1e6, "copies": p.copies}, **peer_err.get(i, {}))
@@ -290,10 +293,7 @@ def run(workload, target="llvm", trials=None, from_logs=False, build_only=False,
 def _check_schedules(schedules, gpu: bool = False) -> tuple:
     """The schedules to run, in SCHEDULES order, dlight always first; ValueError for an unknown one."""
     known = available_schedules(gpu)
-    names = list(known) if not schedules else [s.strip() for s in schedules if s.strip()]
-    for s in names:
-        if s not in known:
-            raise ValueError(f"unknown schedule {s!r}; known here: {', '.join(known)}")
+    names = check_schedules(schedules, known, "in the layer bench") if schedules else known
     return tuple(s for s in known if s in names or s == "dlight")
 
 

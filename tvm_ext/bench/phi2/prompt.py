@@ -25,8 +25,8 @@ import numpy as np
 
 from tvm_ext.bench.phi2.decode import decoder, model_kernels
 from tvm_ext.bench.timing import set_threads
-
-SCHEDULES = ("int8", "tuned")
+from tvm_ext.rulesets import PROMPT_SCHEDULES as SCHEDULES
+from tvm_ext.rulesets import check_schedules
 PROMPT_FUNCS = ("embed_prompt", "prefill", "head_prompt")
 
 
@@ -145,14 +145,12 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     from tvm_ext.workloads.phi2 import model as pm
     from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
 
-    for how in schedules:
-        if how not in SCHEDULES:
-            raise ValueError(f"prompt schedule must be one of {', '.join(SCHEDULES)}, not {how!r}")
+    schedules = check_schedules(schedules, SCHEDULES, "for a prompt")
     check_target(target)
     if "tuned" in schedules and not tune_trials:
-        from tvm_ext.bench.phi2.decode import tuning_database
+        from tvm_ext.tune.seeds import tuned_inputs
 
-        tuning_database(database)
+        tuned_inputs(database)
     threads = int(threads or physical_cores())
     set_threads(threads)
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)

@@ -1,0 +1,87 @@
+"""The public scheduling pass (``tvm_ext.ApplySchedules``): what a TVM user calls on a Relax module is what the
+commands build, tuned records first, our rules next, dlight for the rest."""
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+
+import tvm_ext  # noqa: E402
+from tvm_ext.bench.phi2.decode import KV_WRITES, schedule  # noqa: E402
+from tvm_ext.scheduling import dlight_schedule, kernel_key, normalize, schedule_module  # noqa: E402
+from tvm_ext.targets import resolve_target  # noqa: E402
+from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
+
+TARGET = resolve_target({"kind": "llvm", "mcpu": "haswell"})  # AVX2: the q4 x int8 GEMM's form too
+
+
+@pytest.fixture(scope="module")
+def model():
+    return pm.build_model("reduced", 1, capacity=8, compute="int8")
+
+
+def _commit_dlight_record(db, mod, target):
+    """A record of ``mod`` holding dlight's schedule (not our rules'): the tuned kernel is told apart."""
+    sch = dlight_schedule(mod, target)[1]
+    workload = db.commit_workload(mod)
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs=[1e-6], target=target,
+                                                     args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    return sch.mod
+
+
+@pytest.mark.parametrize("how", ["dlight", "rule", "int8", "none"])
+def test_public_pass_equals_the_commands_schedule(model, how):
+    """``tvm_ext.ApplySchedules`` on the lowered Phi-2 module is, function for function, what ``generate``
+    compiles (``bench.phi2.decode.schedule``), with the same report of what scheduled each kernel."""
+    apply = tvm_ext.ApplySchedules(TARGET, how, skip=KV_WRITES)
+    got = apply(model.mod)
+    want, used = schedule(model.mod, TARGET, how)
+    tvm.ir.assert_structural_equal(got, want)
+    assert apply.used == used
+    if how in ("rule", "int8"):
+        assert used["layer_norm"] == "row_norm_cpu" and "q4_int8_gemm" in used.values()
+    if how == "dlight":
+        assert not {"row_norm_cpu", "q4_int8_gemm", "dequant_gemv"} & set(used.values())
+
+
+def test_tuned_reads_the_database_and_equals_the_commands_schedule(model, tmp_path):
+    """``tuned``: the record where the database holds the kernel (here dlight's schedule of the
+    LayerNorm, which our rule would schedule otherwise), our rules elsewhere; the work dir ``generate``
+    reads gives the same module; a kernel kept untuned by the side-by-side check gets our rule's."""
+    layer_norm = normalize(model.mod["layer_norm"])
+    db = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    recorded = _commit_dlight_record(db, layer_norm, TARGET)
+    apply = tvm_ext.ApplySchedules(TARGET, "tuned", database=db, skip=KV_WRITES)
+    got = apply(model.mod)
+    assert apply.used["layer_norm"] == "tuned" and apply.used["softmax"] == "row_norm_cpu"
+    tvm.ir.assert_structural_equal(got["layer_norm"], recorded["main"].with_attr("global_symbol", "layer_norm"))
+    want, used = schedule(model.mod, TARGET, "tuned", str(tmp_path))
+    tvm.ir.assert_structural_equal(got, want)
+    assert used == apply.used
+    kept, kept_used = schedule_module(model.mod, TARGET, "tuned", db, keep_untuned={kernel_key(layer_norm)},
+                                      skip=KV_WRITES)
+    assert kept_used == apply.used  # the tuned row's kernel, with the untuned schedule the check kept
+    tvm.ir.assert_structural_equal(kept, schedule(model.mod, TARGET, "rule")[0])
+
+
+def test_bad_schedule_names_and_a_tuned_pass_without_database_say_so():
+    with pytest.raises(ValueError, match="unknown schedule 'fast'; the schedules are dlight, rule"):
+        tvm_ext.ApplySchedules(TARGET, "fast")
+    with pytest.raises(ValueError, match="'tuned' needs a tuning database"):
+        tvm_ext.ApplySchedules(TARGET, "tuned")
+    with pytest.raises(ValueError, match="no tuning database"):
+        schedule(pm.build_model("reduced", 1, capacity=4).mod, TARGET, "tuned", "/nonexistent")
+
+
+def test_every_rule_has_both_faces():
+    """Each whole-function rule answers dlight's ``apply(func, target, tunable)`` and is named in
+    MetaSchedule as itself (``type(r).__name__``), through the one adapter."""
+    from tvm.s_tir import dlight
+
+    from tvm_ext.rulesets import schedule_rules
+
+    for target in (TARGET, resolve_target("cuda-sm80")):
+        for rule in schedule_rules(target):
+            assert isinstance(rule, dlight.ScheduleRule) and rule.is_target_available(target)
+            face = rule.meta_schedule()
+            assert isinstance(face, ms.ScheduleRule) and type(face).__name__ == type(rule).__name__
