@@ -9,7 +9,7 @@ setup(
     packages=["tvm_ext", "tvm_ext.intrinsics", "tvm_ext.tune", "tvm_ext.workloads", "tvm_ext.workloads.phi2",
               "tvm_ext.bench", "tvm_ext.bench.phi2",
               "tvm_ext.check", "tvm_ext.cli", "tvm_ext.testing", "tvm_ext.rules", "tvm_ext.postprocs",
-              "tvm_ext.frontend", "tvm_ext.cluster", "tvm_ext.report"],
+              "tvm_ext.frontend", "tvm_ext.cluster", "tvm_ext.analysis", "tvm_ext.report"],
     package_dir={
         "tvm_ext": "tvm_ext",
         "tvm_ext.rules": "rules",
