@@ -73,6 +73,11 @@ def work_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def toy_page(work_dir):
+    return work_dir_page(work_dir)
+
+
 def _best_so_far(seconds):
     out, best = [], None
     for s in seconds:
@@ -91,8 +96,8 @@ def _by_name(page):
     return {d.name: d for d in page.figures}
 
 
-def test_page_of_a_work_dir_has_every_task_and_embeds_its_figures(work_dir, tmp_path):
-    page = work_dir_page(work_dir)
+def test_page_of_a_work_dir_has_every_task_and_embeds_its_figures(toy_page, tmp_path):
+    page = toy_page
     assert [d.name for d in page.figures] == ["estimate", "curves", "shares"]
     out = write_html(page, str(tmp_path / "page.html"))
     text = Path(out).read_text()
@@ -104,8 +109,8 @@ def test_page_of_a_work_dir_has_every_task_and_embeds_its_figures(work_dir, tmp_
     assert "http://" not in text and "https://" not in text and "<script" not in text  # self-contained
 
 
-def test_tuning_curves_are_the_records_in_tuning_order(work_dir):
-    curves = _by_name(work_dir_page(work_dir))["curves"].figure
+def test_tuning_curves_are_the_records_in_tuning_order(toy_page):
+    curves = _by_name(toy_page)["curves"].figure
     axes = {ax.get_title().split(" (x")[0]: ax for ax in curves.axes if ax.get_visible()}
     assert set(axes) == set(RECORDS)
     for name, (weight, seconds) in RECORDS.items():
@@ -117,8 +122,8 @@ def test_tuning_curves_are_the_records_in_tuning_order(work_dir):
         assert f"(x{weight})" in axes[name].get_title()
 
 
-def test_estimate_over_trials_and_time_ends_at_the_reports_estimate(work_dir):
-    fig = _by_name(work_dir_page(work_dir))["estimate"].figure
+def test_estimate_over_trials_and_time_ends_at_the_reports_estimate(toy_page, work_dir):
+    fig = _by_name(toy_page)["estimate"].figure
     by_trials, over_time = fig.axes
     first = {name: next(s for s in secs if s < 1e9) for name, (_, secs) in RECORDS.items()}
     expected = []
@@ -145,8 +150,8 @@ def test_scheduler_log_gives_the_trials_of_each_batch(tmp_path):
     assert read_scheduler_log(str(tmp_path / "missing")) == []
 
 
-def test_shares_are_weight_times_best(work_dir):
-    fig = _by_name(work_dir_page(work_dir))["shares"].figure
+def test_shares_are_weight_times_best(toy_page):
+    fig = _by_name(toy_page)["shares"].figure
     ax = fig.axes[0]
     drawn = {label.get_text().rsplit(" x", 1)[0]: bar.get_width()
              for label, bar in zip(ax.get_yticklabels(), ax.patches)}
@@ -298,3 +303,17 @@ def test_page_opens_in_headless_chromium_without_errors(work_dir, tmp_path):
     assert "Tuning curve of every task" in seen["headings"]
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
+
+
+def test_tune_ends_naming_the_command_that_draws_its_page(work_dir, tmp_path, capsys, monkeypatch):
+    """The main job's last line (README): the report command for its work dir, which then draws the page."""
+    from tvm_ext import tune as tuning
+    from tvm_ext.cli.report import page_command
+
+    monkeypatch.setattr(tuning, "tune", lambda *a, **k: report(work_dir))  # the tuning itself is tested elsewhere
+    assert main(["tune", "conv2d-int8", "--image", "8", "--trials", "1", "--work-dir", work_dir]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == page_command(work_dir) and last.endswith(f"tvm-ext report {work_dir} --html toy-llvm-plugin.html")
+    argv = last.split("tvm-ext ", 1)[1].split()
+    argv[-1] = str(tmp_path / argv[-1])
+    assert main(argv) == 0 and (tmp_path / "toy-llvm-plugin.html").read_text().count("<img") == 3

@@ -63,6 +63,16 @@ def draw(path: str, html: str | None, png_dir: str | None) -> int:
     return 0
 
 
+def page_command(path: str) -> str:
+    """The line naming the command that draws ``path``'s page (``tvm-ext tune`` ends with it)."""
+    import importlib.util
+    import os
+
+    name = os.path.basename(os.path.normpath(path))
+    extra = "" if importlib.util.find_spec("matplotlib") else ' (first: pip install "tvm_ext[report]")'
+    return f"tuning curves, shares and estimate as a page: tvm-ext report {path} --html {name}.html{extra}"
+
+
 def _fixed(value, digits: int):
     return None if value is None else f"{value:.{digits}f}"
 

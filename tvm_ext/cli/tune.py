@@ -73,7 +73,7 @@ def run(args) -> int:
 
     from tvm_ext import tune as tuning
     from tvm_ext.cli.common import load_workload, resolve_target
-    from tvm_ext.cli.report import format_report
+    from tvm_ext.cli.report import format_report, page_command
     from tvm_ext.rulesets import check_ruleset
 
     check_workload_name(args.workload)
@@ -144,6 +144,7 @@ def run(args) -> int:
             from tvm_ext.cli.bench import format_int8
 
             print(format_int8(comparison))
+        print(page_command(work_dir))
     return 0
 
 
