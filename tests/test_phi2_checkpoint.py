@@ -194,6 +194,50 @@ def test_generate_text_through_the_cli(hf_dir, capsys, tmp_path):
                  "none", "--quiet"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("hello world" + doc["text"].rstrip("\ufffd")) and "decode: 5 tokens at" in text
+    # beside the random-weight model of the same architecture, same run (no figure asserted: tests time nothing)
+    assert main(["generate", "--model", hf_dir, "--prompt-text", "hello world", "--tokens", "3", "--schedule",
+                 "none", "--quiet", "--json", "--vs-random", "--rounds", "2"]) == 0
+    v = json.loads(capsys.readouterr().out)["vs_random"]
+    assert len(v["rounds"]) == 2 and v["decode_ratio"] > 0 and v["prompt_ratio"] > 0
+
+
+@pytest.mark.parametrize("options", [dict(embed="table", lm_bias=False, weights="float16"),
+                                     dict(embed="tied", lm_bias=True, weights="q4", eps=1e-3, rope_base=500.0)])
+def test_architecture_options_on_random_weights(options):
+    """The options a checkpoint's config sets, on the random-weight model: the reference follows each."""
+    from tvm_ext.workloads.phi2.arch import architecture
+
+    prf = 0.25 if options["weights"] == "q4" else 0.75
+    cfg = architecture(64, 2 if options["weights"] == "q4" else 4, 96, 80, partial_rotary_factor=prf, **options)
+    model = pm.build_model(cfg, layers=2, capacity=len(PROMPT) + TOKENS, seed=5)
+    head = model.head_weights()
+    assert (head["lm_head"][-1] is None) == (not options["lm_bias"])
+    table = model.embed_weights(head)
+    assert (table[0] is head["lm_head"][0]) == (options["embed"] == "tied")
+    dec = pm.Decoder(model, tvm.compile(model.mod, target="llvm"))
+    ids, logits = dec.generate(PROMPT, TOKENS)
+    ref_ids, ref_logits = pm.reference_generate(model, PROMPT, TOKENS, follow=ids)
+    assert ids == ref_ids
+    for got, want in zip(logits, ref_logits):
+        assert np.abs(got - want).max() <= TOL * np.abs(want).max()
+    with pytest.raises(ValueError, match="compute int8 runs on q4 weights"):
+        if options["weights"] != "q4":
+            pm.build_model(cfg, layers=1, capacity=4, compute="int8")
+        else:
+            raise ValueError("compute int8 runs on q4 weights")  # q4 takes int8: nothing to refuse
+    with pytest.raises(ValueError, match="token ids must be from 0"):
+        dec.generate([cfg["vocab"]], 1)
+
+
+def test_bad_architectures_say_what():
+    from tvm_ext.workloads.phi2.arch import architecture
+
+    with pytest.raises(ValueError, match="multiple of the 3 heads"):
+        architecture(64, 3, 128, 100)
+    with pytest.raises(ValueError, match="gives 5 rotary dims"):
+        architecture(64, 4, 128, 100, partial_rotary_factor=0.3125)
+    with pytest.raises(ValueError, match="whole groups of 32"):
+        architecture(48, 3, 128, 100)
 
 
 def test_stream_releases_text_once_its_bytes_decode(hf_dir):

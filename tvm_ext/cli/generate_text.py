@@ -20,6 +20,11 @@ def add_arguments(p) -> None:
     p.add_argument("--weights", choices=("q4", "float"), default="q4",
                    help="with --model: q4 (q4f16_1; float checkpoints quantized on load as MLC does, group 32, "
                         "default) or float (kept float, computed in float32; q4 checkpoints dequantized)")
+    p.add_argument("--vs-random", action="store_true",
+                   help="with --model: then decode the same prompt ids with the random-weight benchmark model of the "
+                        "same shape (config full where the checkpoint is Phi-2-shaped, else random q4 weights in its "
+                        "architecture), same KV capacity and schedule, the two interleaved --rounds times: both "
+                        "models' prompt and decode tok/s and their ratios (medians of the rounds)")
 
 
 def run_model(args) -> int:
@@ -70,6 +75,7 @@ def run_model(args) -> int:
             sys.stdout.flush()
 
     out = gen.generate(prompt, args.tokens, on_text=piece)
+    vs_random = compare_random(gen, prompt, args.tokens, args.rounds, how, quiet) if args.vs_random else None
     host = describe_host()
     doc = {"model": ckpt.path, "format": ckpt.kind, "stored": ckpt.stored, "weights": ckpt.cfg["weights"],
            "layers": ckpt.layers, "schedule": how, "threads": threads, "prompt_text": args.prompt_text,
@@ -77,7 +83,7 @@ def run_model(args) -> int:
            "prompt_tokens": len(out.prompt_ids), "prompt_tok_s": out.prompt_tok_s, "tokens": len(out.ids),
            "decode_tok_s": out.decode_tok_s, "load_s": load_s,
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})"}
+           "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})", "vs_random": vs_random}
     if args.out:
         write_json(args.out, doc)
     if args.json:
@@ -86,4 +92,42 @@ def run_model(args) -> int:
         print(f"\n\nprompt: {doc['prompt_tokens']} tokens at {out.prompt_tok_s:.2f} tok/s (token by token); decode: "
               f"{doc['tokens']} tokens at {out.decode_tok_s:.2f} tok/s; load + build {load_s:.1f} s, peak RSS "
               f"{doc['peak_rss_mb']:.0f} MB; {threads} threads, {doc['device']}")
+        if vs_random:
+            v = vs_random
+            print(f"vs the random-weight model ({v['config']}, same capacity and schedule), {len(v['rounds'])} "
+                  f"rounds interleaved: decode {v['decode_tok_s']:.2f} vs {v['random_decode_tok_s']:.2f} tok/s "
+                  f"({v['decode_ratio']:.3f}x), prompt {v['prompt_tok_s']:.2f} vs {v['random_prompt_tok_s']:.2f} "
+                  f"tok/s ({v['prompt_ratio']:.3f}x)")
     return 0
+
+
+def compare_random(gen, prompt, tokens, rounds, how, log) -> dict:
+    """The checkpoint's decoder and the random-weight benchmark model of the same shape, same capacity and
+    schedule, each generating from ``prompt`` once per round, interleaved: medians of their tok/s and of the
+    rounds' ratios (checkpoint over random)."""
+    import numpy as np
+
+    from tvm_ext.bench.phi2.decode import decoder
+    from tvm_ext.workloads.phi2.layers import CONFIGS
+    from tvm_ext.workloads.phi2.model import build_model
+    from tvm_ext.workloads.phi2.text import timed_generate
+
+    cfg = gen.model.cfg
+    config = next((name for name, c in CONFIGS.items() if all(cfg[k] == v for k, v in c.items())), None)
+    random = decoder(build_model(config or dict(cfg, weights="q4", name="random"), gen.model.layers,
+                                 capacity=gen.model.capacity), "llvm", how, log=log)
+    runs = []
+    for r in range(rounds):
+        log(f"round {r + 1}/{rounds}: checkpoint, random")
+        runs.append([timed_generate(d, prompt, tokens) for d in (gen.decoder, random)])
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    return {"config": config or "random weights in the checkpoint's architecture",
+            "rounds": [{"decode_tok_s": [a.decode_tok_s, b.decode_tok_s], "prompt_tok_s": [a.prompt_tok_s,
+                                                                                           b.prompt_tok_s]}
+                       for a, b in runs],
+            "decode_tok_s": med([a.decode_tok_s for a, _ in runs]),
+            "random_decode_tok_s": med([b.decode_tok_s for _, b in runs]),
+            "prompt_tok_s": med([a.prompt_tok_s for a, _ in runs]),
+            "random_prompt_tok_s": med([b.prompt_tok_s for _, b in runs]),
+            "decode_ratio": med([a.decode_tok_s / b.decode_tok_s for a, b in runs]),
+            "prompt_ratio": med([a.prompt_tok_s / b.prompt_tok_s for a, b in runs])}

@@ -75,8 +75,8 @@ class Phi2Model:
         if self.source is not None:
             w = self.source.embed_weights()
         else:
-            w = in_format(self.cfg, {"embed": embed_weights(self.cfg, np.random.default_rng([self.seed, -1]))})
-            w = w["embed"]
+            rng = np.random.default_rng([self.seed, self.layers + 1])
+            w = in_format(self.cfg, {"embed": embed_weights(self.cfg, rng)})["embed"]
         return list(w[:-1])
 
     def weight_bytes(self):

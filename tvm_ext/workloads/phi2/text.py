@@ -56,18 +56,29 @@ class Generator:
         gets each piece of text as its token is generated (ids where there is no tokenizer)."""
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         push = self.tokenizer.stream() if self.tokenizer is not None else (lambda t: f"{t} ")
-        self.decoder.fill_past(0)
-        out, marks = [], []
-        t0 = time.perf_counter()
 
         def on_id(token):
-            marks.append(time.perf_counter())
-            out.append(token)
             if on_text is not None:
                 piece = push(token)
                 if piece:
                     on_text(piece)
 
-        got, logits = self.decoder.generate(ids, tokens, on_id=on_id)
-        text = self.tokenizer.decode(got) if self.tokenizer is not None else " ".join(map(str, got))
-        return Generated(text, got, ids, marks[0] - t0, marks[-1] - marks[0], logits)
+        out = timed_generate(self.decoder, ids, tokens, on_id)
+        out.text = self.tokenizer.decode(out.ids) if self.tokenizer is not None else " ".join(map(str, out.ids))
+        return out
+
+
+def timed_generate(decoder, ids, tokens, on_id=None) -> Generated:
+    """``decoder.generate`` from an empty cache, timed: the prompt's steps up to the first generated token,
+    then the decode steps after it (``Generated`` without text)."""
+    decoder.fill_past(0)
+    marks = []
+
+    def mark(token):
+        marks.append(time.perf_counter())
+        if on_id is not None:
+            on_id(token)
+
+    t0 = time.perf_counter()
+    got, logits = decoder.generate(ids, tokens, on_id=mark)
+    return Generated("", got, list(ids), marks[0] - t0, marks[-1] - marks[0], logits)
