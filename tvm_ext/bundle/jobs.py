@@ -112,7 +112,8 @@ def sampled(mod, target, ruleset: str, n: int, seed: int, max_tries: int) -> lis
                              postprocs=list(ctx.space_generator.postprocs), max_tries=max_tries)
 
 
-def _add_candidates(job: Job, target, rulesets, n: int, tries: int, log) -> None:
+def extend(job: Job, target, rulesets, n: int, tries: int = 25, log=print) -> None:
+    """Add ``n`` candidates of each rule set's space to ``job`` (after its untuned rows)."""
     for ruleset in rulesets:
         schs = sampled(job.mod, target, ruleset, n, job.seed, tries * max(n, 1))
         for i, sch in enumerate(schs):
@@ -133,7 +134,7 @@ def network_jobs(workload: str, options: dict, target, rulesets, n: int, tasks: 
         job = Job(workload, workload, name, weight, mod, param_specs(func, call_constants(wl.mod, name), False))
         untuned = sources.untuned_schedule(mod, target)
         job.add(Variant("untuned", "", untuned.mod["main"], untuned.trace))
-        _add_candidates(job, target, rulesets, n, tries, log)
+        extend(job, target, rulesets, n, tries, log)
         log(f"[{k + 1}/{len(found)}] {name}: {len(job.variants)} variants")
         jobs.append(job)
     return jobs
@@ -157,7 +158,7 @@ def phi2_jobs(config: str, context: int, target, rulesets, n: int, kernels: int 
                 job.same_as["rule"] = "dlight"  # no rule of ours takes it: the rule row runs dlight's
             else:
                 job.add(Variant("rule", "", ours.mod["main"], ours.trace))
-                _add_candidates(job, target, rulesets, n, tries, log)  # our rules' kernels are tuned
+                extend(job, target, rulesets, n, tries, log)  # our rules' kernels are tuned
             jobs.append(job)
         log(f"{group}: {len(rows)} kernels")
     return jobs

@@ -74,3 +74,10 @@ def phi2_kernels(workload_name: str, config: str, context: int, dtype: str) -> d
                 rows.append((k.name, sum(x.calls for x in ks.kernels if x.name == k.name), normalize(k.func)))
         out[fusion] = rows
     return out
+
+
+def phi2_db_dir(root: str, target, fusion: bool) -> str:
+    """The Phi-2 bench's tuned (``seeded``) kernel database under ``root``."""
+    from tvm_ext.bench.phi2.kernels import log_dir
+
+    return log_dir(root, "decode", target, fusion, "seeded")

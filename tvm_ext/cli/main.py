@@ -13,7 +13,7 @@ import sys
 
 # one module of this package per command, each with add_parser(sub) and run(args)
 COMMANDS = ("tune", "report", "prune", "save", "cluster", "bench", "bench_search", "bench_cluster", "verify_gpu",
-            "check_rules", "targets", "generate", "import_onnx")
+            "check_rules", "targets", "generate", "import_onnx", "bundle")
 
 
 class OneLineParser(argparse.ArgumentParser):

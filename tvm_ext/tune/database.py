@@ -314,6 +314,7 @@ def _json_database(path_workload: str, path_records: str, allow_missing: bool):
                                     module_equality="structural")
 
 
+_Q4_GEMV = re.compile(r"tvm_ext\.q4_gemv_f32\.x(\d+)\.c(\d+)\.n(\d+)\.k(\d+)\.(\w+)\.(\w+)\.l(\d+)$")
 _TENSORIZE = re.compile(rb'"Tensorize",\s*\[[^\]]*\],\s*\["([^"]+)"')
 
 
@@ -329,7 +330,7 @@ def record_intrinsics(*record_paths: str) -> set:
 def register_record_intrinsics(*record_paths: str) -> None:
     """Register the tensor intrinsics that records name before a database holding them is opened (TVM
     replays each trace as it loads it, and a trace naming an unknown intrinsic does not load): ours
-    (VNNI, AMX, the q4 x int8 tiles) always; TVM's own (wmma, mma, dp4a: ``tvm.s_tir.tensor_intrin``,
+    (VNNI, AMX, the q4 x int8 tiles) always; the per-shape q4 GEMV ones a record names; TVM's own (wmma, mma, dp4a: ``tvm.s_tir.tensor_intrin``,
     imported the fast way, seconds) when a ``Tensorize`` of ``record_paths`` names one not registered
     yet: the plugin's int8 tensor-core sketches do, and in a fresh process only ``tvm_ext.space()``
     had imported them."""
@@ -337,13 +338,20 @@ def register_record_intrinsics(*record_paths: str) -> None:
 
     from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
     from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
+    from tvm_ext.intrinsics.q4_gemv import register as register_q4_gemv
     from tvm_ext.intrinsics.q4_vnni import register_intrinsics as register_q4
     from tvm_ext.intrinsics.vnni import register_intrinsics
 
     register_intrinsics()
     register_amx()
     register_q4()
-    if any(TensorIntrin.get(n, allow_missing=True) is None for n in record_intrinsics(*record_paths)):
+    missing = [n for n in record_intrinsics(*record_paths) if TensorIntrin.get(n, allow_missing=True) is None]
+    for n in missing:  # the q4 GEMV's intrinsics are made per shape; the name encodes it
+        found = _Q4_GEMV.match(n)
+        if found:
+            x, c, rows, k, scale, index, lanes = found.groups()
+            register_q4_gemv(int(x), int(c), int(rows), int(k), scale, index, int(lanes))
+    if any(TensorIntrin.get(n, allow_missing=True) is None for n in missing):
         import_tensor_intrinsics()
 
 

@@ -73,6 +73,39 @@ def _inputs(job: J.Job, root: str, index: int) -> tuple[list, list]:
     return specs, make_inputs(specs, job.seed, root)
 
 
+def _trace_json(job: J.Job, target, host: str) -> dict:
+    """{label: the variant's trace as MetaSchedule's JSON database writes it (plain lists)}, by committing
+    them to a scratch JSONDatabase and reading its lines back (TVM's own serialization)."""
+    import tempfile
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_ext.tune.transfer import commit_measured
+
+    with tempfile.TemporaryDirectory(dir=host) as tmp:
+        db = ms.database.JSONDatabase(os.path.join(tmp, "w.json"), os.path.join(tmp, "r.json"), allow_missing=True)
+        labels = []
+        for v in job.variants:
+            if v.trace is not None:
+                sch = tvm_schedule(job.mod, v.trace)
+                commit_measured(db, job.mod, sch, 1.0, target)
+                labels.append(v.label)
+        with open(os.path.join(tmp, "r.json"), encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    out = {v.label: None for v in job.variants}
+    out.update({label: line[1][0] for label, line in zip(labels, lines)})
+    return out
+
+
+def tvm_schedule(mod, trace):
+    """A Schedule of ``mod`` with ``trace`` replayed (postprocessing steps included)."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch
+
+
 def write_job(job: J.Job, index: int, target, ship: str, host: str, log=print) -> list:
     """Build one job's library, reference and host files; returns its manifest items (unordered)."""
     import tvm
@@ -95,8 +128,7 @@ def write_job(job: J.Job, index: int, target, ship: str, host: str, log=print) -
         check = {"kind": "digest", "value": digest(ref)}
     with open(os.path.join(host, f"task_{index:03d}.json"), "w", encoding="utf-8") as f:
         f.write(tvm.ir.save_json(job.mod))
-    traces = {v.label: (json.loads(tvm.ir.save_json(v.trace.as_json())) if v.trace is not None else None)
-              for v in job.variants}
+    traces = _trace_json(job, target, host)
     with open(os.path.join(host, f"traces_{index:03d}.json"), "w", encoding="utf-8") as f:
         json.dump(traces, f)
     out_bytes = int(ref.size * np.dtype(str(job.mod["main"].params[-1].dtype)).itemsize)
@@ -115,9 +147,10 @@ def write_job(job: J.Job, index: int, target, ship: str, host: str, log=print) -
 
 
 def build_bundle(out_dir: str, jobs: list, target, *, peers: list = (), budget_s: float = 540.0,
-                 log=print) -> dict:
+                 rulesets: list = (), options: dict | None = None, log=print) -> dict:
     """Build ``jobs`` (``bundle.jobs``) for ``target`` into ``out_dir`` (ship/ + host/), order the items
-    (``plan.order``), write the manifest and the archive; returns the manifest's summary."""
+    (``plan.order``), write the manifest and the archive; returns the manifest's summary.  ``rulesets``
+    and ``options`` ({workload: its options}) are kept in host/ for ``bundle import``."""
     if sources.is_gpu(target):
         os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     ship, host = os.path.join(out_dir, "ship"), os.path.join(out_dir, "host")
@@ -145,7 +178,7 @@ def build_bundle(out_dir: str, jobs: list, target, *, peers: list = (), budget_s
     with open(os.path.join(ship, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=0)
     with open(os.path.join(host, "build.json"), "w", encoding="utf-8") as f:
-        json.dump({"target": target_to_json(target),
+        json.dump({"target": target_to_json(target), "rulesets": list(rulesets), "options": options or {},
                    "jobs": [{"index": i, "experiment": j.experiment, "group": j.group, "name": j.name,
                              "weight": j.weight} for i, j in enumerate(jobs)]}, f, indent=1)
     size = pack(out_dir)
