@@ -45,7 +45,7 @@ def estimate_figure(history) -> Drawn | None:
     if times:
         ax2 = axes[1]
         ax2.step([t / 60 for t in times], [e / 1e3 for e in est_t], where="post", color=OURS, marker=".")
-        ax2.set_xlabel("tuning time (min, MetaSchedule's calls summed, from the work dir's logs)")
+        ax2.set_xlabel("tuning time (min; the logged calls summed)")
         ax2.set_ylabel("network estimate (ms)")
         ax2.set_title(f"over {times[-1] / 60:.1f} min of logged tuning")
         ax2.set_ylim(bottom=0)
@@ -58,6 +58,8 @@ def estimate_figure(history) -> Drawn | None:
 
 
 def curves_figure(history, summary: dict) -> Drawn:
+    from matplotlib.ticker import MaxNLocator
+
     tasks = history.tasks
     rows = math.ceil(len(tasks) / COLUMNS)
     fig = new_figure(2.55 * COLUMNS, 1.9 * rows + 0.3)
@@ -71,12 +73,13 @@ def curves_figure(history, summary: dict) -> Drawn:
         best = [(i, b * 1e6) for i, b in zip(trials, task.best_so_far()) if b is not None]
         if best:
             ax.plot(*zip(*best), drawstyle="steps-post", color=OURS, label="best")
-            ax.set_yscale("log")
+            _plain_log_scale(ax)
         else:
             ax.text(0.5, 0.5, "no candidate ran", ha="center", va="center", transform=ax.transAxes)
         pick = f", pick rank {picked[task.name]}" if task.name in picked else ""
-        ax.set_title(f"{short(task.name, 30)} (x{task.weight}{pick})", fontsize=7)
+        ax.set_title(f"{short(task.name.removeprefix('fused_'), 40)} (x{task.weight}{pick})", fontsize=6.5)
         ax.tick_params(labelsize=6)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     for ax in axes[len(tasks):]:
         ax.set_visible(False)
@@ -84,7 +87,18 @@ def curves_figure(history, summary: dict) -> Drawn:
     fig.supylabel("latency (us, log scale)", fontsize=8)
     return Drawn("curves", "Tuning curve of every task",
                  "Each task's best latency after each trial (blue steps) and every candidate that ran (grey dots); "
-                 "x N in the title: the task's weight, the calls of it in the network.", fig)
+                 "x N in the title: the task's weight, the calls of it in the network (names without 'fused_').", fig)
+
+
+def _plain_log_scale(ax) -> None:
+    """A log y axis (a few slow candidates do not flatten the curve) labelled 20, 50, 100, not 2x10^1."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    ax.set_yscale("log")
+    ax.margins(y=0.12)
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def shares_figure(summary: dict) -> Drawn:
