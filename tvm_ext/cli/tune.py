@@ -72,7 +72,7 @@ def run(args) -> int:
     import json
 
     from tvm_ext import tune as tuning
-    from tvm_ext.cli.common import load_workload, resolve_target
+    from tvm_ext.cli.common import load_workload, target_of
     from tvm_ext.cli.report import format_report, page_command
     from tvm_ext.rulesets import check_ruleset
 
@@ -82,7 +82,7 @@ def run(args) -> int:
         from tvm_ext.bench.in_network import check_top_k
 
         check_top_k(args.in_network)
-    target = resolve_target(args.target)
+    target = target_of(args)  # resolved once; builtin_name and load_workload reuse it
     if args.build_only:
         return run_build_only(args, target)
     client = None
