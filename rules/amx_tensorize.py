@@ -141,6 +141,9 @@ class AMXTensorize(PyScheduleRule):
         self._mlt = MultiLevelTiling(**tiling_options(max_innermost_factor))
 
     def _initialize_with_tune_context(self, context) -> None:
+        from tvm_ext.amx import request_amx_if_host_has_it  # pylint: disable=import-outside-toplevel
+
+        request_amx_if_host_has_it()  # the process's tile permission, before any tile instruction runs here
         self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
 
     def choose_intrins(self, sch, block) -> list[str]:

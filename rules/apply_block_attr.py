@@ -15,7 +15,8 @@ Those names are in TVM's namespace: a later TVM (or another plugin) may define t
 ``register_custom_rules`` remembers what each name held before and
 ``restore_custom_rules`` puts it back (or removes ours where there was nothing);
 ``register_custom_rules(override=False)`` leaves a name that already holds someone
-else's function alone. ``tvm_ext.registration`` drives both (``import tvm_ext``).
+else's function alone. ``tvm_ext.install()`` drives both; this rule itself needs no registration
+(a name with nothing registered falls back to our inliner).
 
 PostOrderApply skips annotated blocks for every rule except TVM's ApplyCustomRule,
 so this rule handles all annotated blocks of the function whenever it is applied
@@ -97,12 +98,14 @@ def restore_custom_rules() -> None:
 
 
 def _lookup(rule: str, keys) -> tuple:
+    """The function registered for ``rule`` under the first of ``keys`` that has one, else ours for the
+    rules this module provides (the rule works whether or not ``register_custom_rules`` ran)."""
     names = [custom_rule_name(key, rule) for key in keys]
     for name in names:
         func = tvm.get_global_func(name, allow_missing=True)
         if func is not None:
             return func, names
-    return None, names
+    return (_inliner(rule) if rule in CUSTOM_RULES else None), names
 
 
 def _first_annotated(sch):

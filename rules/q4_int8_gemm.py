@@ -203,7 +203,12 @@ class Q4Int8GEMM(ScheduleRule):
         self.emulated = emulated
 
     def forms(self, target) -> list:
-        return ["avx512vnni"] if target is None else forms(tvm.target.Target(target), self.emulated)
+        offered = ["avx512vnni"] if target is None else forms(tvm.target.Target(target), self.emulated)
+        if "amx" in offered:  # the process's tile permission, before a tile instruction runs here
+            from tvm_ext.amx import request_amx_if_host_has_it  # pylint: disable=import-outside-toplevel
+
+            request_amx_if_host_has_it()
+        return offered
 
     def plan(self, func, target):
         offered = self.forms(target)

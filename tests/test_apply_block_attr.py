@@ -1,4 +1,4 @@
-"""schedule_rule block annotations, through TVM's ApplyCustomRule and through ours."""
+"""schedule_rule block annotations, through TVM's ApplyCustomRule (after ``tvm_ext.install()``) and through ours."""
 
 import pytest
 import tvm
@@ -6,9 +6,15 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.testing.space_generation import generate_design_space
 from tvm.script import tirx as T
 
-import tvm_ext  # noqa: F401  (registers the custom-rule functions)
+import tvm_ext
 from kernels import annotated, cuda_target, design_spaces, llvm_target
 from tvm_ext.rules import ApplyBlockAttrRule
+
+
+@pytest.fixture(autouse=True, scope="module")
+def installed():
+    """TVM's own ApplyCustomRule finds the inline functions once ``tvm_ext.install()`` registered them."""
+    tvm_ext.install()
 
 
 @T.prim_func(s_tir=True)
@@ -55,7 +61,7 @@ def test_reverse_compute_inline_annotation(target, rule):
     same(only_sketch(before, target, rule), reverse_inlined, before)
 
 
-def test_registered_for_every_key():
+def test_install_registers_every_key():
     for key in ("cpu", "gpu", "cuda", "generic"):
         for rule in ("compute_inline", "reverse_compute_inline"):
             assert tvm.get_global_func(f"s_tir.meta_schedule.{key}.{rule}", allow_missing=True)

@@ -1,6 +1,8 @@
-"""Everything is reachable by name through TVM's global registry after import; what tvm_ext
-registers in TVM's own namespace can be undone and refused."""
+"""Everything is reachable by name through TVM's global registry after import, and importing changes
+nothing else; what ``tvm_ext.install()`` registers in TVM's own namespace can be undone and refused."""
 import importlib
+import subprocess
+import sys
 
 import pytest
 import tvm
@@ -68,7 +70,30 @@ def test_postproc_by_name_judges_candidates():
     assert not post.apply(copy(threads=2048))  # over the target's 1024 threads per block
 
 
-def test_custom_rule_functions_are_ours_after_import():
+def test_import_registers_our_names_only_and_a_plugin_rule_set_installs_the_inliners():
+    """In a fresh process: after ``import tvm_ext`` every ``tvm_ext.*`` name is there and none of TVM's
+    ``s_tir.meta_schedule.<key>.compute_inline`` names; building the ``plugin`` rule set (whose
+    ApplyBlockAttrRule needs them) or ``tvm_ext.install()`` registers them; ``upstream`` does not."""
+    code = (
+        "import tvm, tvm_ext\n"
+        "from tvm_ext.targets import resolve_target\n"
+        f"tvm_names, own = {TVM_NAMES!r}, {OWN_NAMES!r}\n"
+        "has = lambda n: tvm.get_global_func(n, allow_missing=True) is not None\n"
+        "assert all(has(n) for n in own) and not any(has(n) for n in tvm_names)\n"
+        "tvm_ext.default_rules(resolve_target('llvm-generic'), 'upstream')\n"
+        "assert not any(has(n) for n in tvm_names)\n"
+        "tvm_ext.default_rules(resolve_target('llvm-generic'))\n"
+        "assert all(has(n) for n in tvm_names)\n"
+        "tvm_ext.registration.restore_tvm_functions()\n"
+        "assert not any(has(n) for n in tvm_names)\n"
+        "assert sorted(tvm_ext.install()) == sorted(tvm_names)\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_custom_rule_functions_are_ours_after_install():
+    registration.install()
     for name in TVM_NAMES:
         assert registered(name), name
     assert inlines_block_b(CPU_INLINE)
@@ -76,16 +101,19 @@ def test_custom_rule_functions_are_ours_after_import():
 
 def test_importing_twice_is_safe_and_remembers_tvms_functions_not_ours():
     importlib.reload(tvm_ext)
+    tvm_ext.install()
     importlib.reload(tvm_ext)
+    tvm_ext.install()
     try:
         assert isinstance(by_name("tvm_ext.schedule_rule.InlineConstantScalars"), ms.ScheduleRule)
         assert inlines_block_b(CPU_INLINE)
         registration.restore_tvm_functions()
         # TVM 0.27 has none of these names: a restore removes them, it does not bring back
-        # the functions an earlier import registered
+        # the functions an earlier install registered
         assert [name for name in TVM_NAMES if registered(name)] == []
     finally:
         registration.register_all()
+        registration.install()
 
 
 @pytest.fixture
@@ -102,13 +130,14 @@ def tvm_has_its_own():
     else:
         tvm_ffi.register_global_func(CPU_INLINE, original, override=True)
     registration.register_all()
+    registration.install()
 
 
 def test_override_of_a_tvm_function_is_reversible(tvm_has_its_own):
-    names = registration.register_all()
+    names = registration.install()
     assert set(TVM_NAMES) <= set(names)
     assert inlines_block_b(CPU_INLINE)  # ours now
-    registration.register_all()  # again: must still remember TVM's, not ours
+    registration.install()  # again: must still remember TVM's, not ours
     registration.restore_tvm_functions()
     assert tvm.get_global_func(CPU_INLINE)(None, None) == "theirs"
     assert [name for name in TVM_NAMES if registered(name)] == [CPU_INLINE]  # ours removed
@@ -117,7 +146,7 @@ def test_override_of_a_tvm_function_is_reversible(tvm_has_its_own):
 
 def test_no_override_env_keeps_tvms_function(tvm_has_its_own, monkeypatch):
     monkeypatch.setenv("TVM_EXT_NO_OVERRIDE", "1")
-    names = registration.register_all()
+    names = registration.install()
     assert CPU_INLINE not in names
     assert tvm.get_global_func(CPU_INLINE)(None, None) == "theirs"
     # where TVM has nothing, ours is still registered: nothing is overridden
@@ -127,10 +156,12 @@ def test_no_override_env_keeps_tvms_function(tvm_has_its_own, monkeypatch):
 
 def test_unregister_removes_our_names_and_restores_tvms(tvm_has_its_own):
     registration.register_all()
+    registration.install()
     registration.unregister()
     assert [name for name in OWN_NAMES + TVM_NAMES if registered(name)] == [CPU_INLINE]
     assert tvm.get_global_func(CPU_INLINE)(None, None) == "theirs"
     registration.register_all()
+    registration.install()
     assert all(registered(name) for name in OWN_NAMES + TVM_NAMES)
     assert inlines_block_b(CPU_INLINE)
 

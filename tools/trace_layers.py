@@ -59,6 +59,7 @@ class Tracer:
         self.stops, self.edges, self.climbs = set(), set(), set()
         self._paths = {}
         self.carries = carries  # None: every call; else a predicate on a call's argument values
+        self.errors = []
 
     def _rel(self, code):
         rel = self._paths.get(code.co_filename, 0)
@@ -69,6 +70,12 @@ class Tracer:
     def __call__(self, frame, event, arg):
         if event != "call":
             return
+        try:
+            self._call(frame)
+        except Exception as err:  # noqa: BLE001 -- an exception here would switch the profiler off
+            self.errors.append(f"{type(err).__name__}: {err}")
+
+    def _call(self, frame):
         rel = self._rel(frame.f_code)
         if rel is None or frame.f_code.co_qualname == "<module>":  # an import, not a step of the command
             return
@@ -94,7 +101,7 @@ class Tracer:
 
     def summary(self) -> dict:
         files = sorted({f for f, _ in self.stops})
-        return {"files": len(files), "stops": len(self.stops), "cross_file_edges": len(self.edges),
+        return {"files": len(files), "stops": len(self.stops), "tracer_errors": len(self.errors), "cross_file_edges": len(self.edges),
                 "climbs": len(self.climbs),
                 "by_layer": {name: sum(1 for f in files if layer(f) == name) for name in LAYERS},
                 "file_list": files,

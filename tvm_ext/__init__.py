@@ -6,16 +6,17 @@ Quick use::
     from tvm.s_tir import meta_schedule as ms
     ms.tune_tir(mod, target, work_dir, max_trials_global=64, space=tvm_ext.space(target))
 
-Importing registers the rules and postprocs in TVM's global registry, including
+Importing registers our rules and postprocs under their own names (``tvm_ext.schedule_rule.<Name>``,
+``tvm_ext.postproc.<Name>``) and changes nothing else.  ``tvm_ext.install()`` (or building a rule
+set that needs them: ``plugin``, ``no-inline-const``) also registers the
 ``s_tir.meta_schedule.<key>.compute_inline`` functions in TVM's namespace; see
-``tvm_ext.registration`` for what that overrides, how to undo it
-(``tvm_ext.registration.restore_tvm_functions()``) and how to refuse it
-(``TVM_EXT_NO_OVERRIDE=1``).
+``tvm_ext.registration`` for what that overrides, how to undo it and how to refuse it.
+AMX tile permission is asked when an AMX rule first runs.
 """
 from __future__ import annotations
 
 from . import postprocs, rules
-from .registration import register_all
+from .registration import install, register_all
 from .rulesets import RULESETS, SCHEDULES, default_postprocs, default_rules, space
 from .schedule_rule import ScheduleRule
 from .scheduling import ApplySchedules
@@ -24,15 +25,8 @@ __version__ = "0.1.0"
 
 REGISTERED = register_all()
 
-# AMX tile data must be granted by the kernel before the first tile instruction of the
-# process: where /proc/cpuinfo shows amx_tile, ask now (a refusal is kept, not raised:
-# tvm_ext.amx.request_amx() raises it where an AMX module is about to run).
-from .amx import request_amx_if_host_has_it  # noqa: E402
-
-AMX_REFUSED = request_amx_if_host_has_it()
-
-__all__ = ["RULESETS", "SCHEDULES", "ApplySchedules", "ScheduleRule", "default_postprocs", "default_rules", "postprocs",
-           "rules", "space"]
+__all__ = ["RULESETS", "SCHEDULES", "ApplySchedules", "ScheduleRule", "default_postprocs", "default_rules", "install",
+           "postprocs", "rules", "space"]
 
 
 def __getattr__(name):  # lazy: workloads and tuning pull in relax

@@ -106,6 +106,9 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
     upstream = list(ms.ScheduleRule.create(kind))
     if check_ruleset(ruleset) == "upstream":
         return upstream
+    from tvm_ext.registration import install
+
+    install()  # ApplyBlockAttrRule and TVM's ApplyCustomRule look the inline functions up by name
     rules = []
     for rule in upstream:
         name = _name(rule)

@@ -120,7 +120,7 @@ def builtin_name(args) -> str:
         return args.workload
     if layout != "auto":
         return RESNET50[layout]
-    layout, why = best_layout(resolve_target(args.target), weights_fit_int16=False)  # full 8-bit weights
+    layout, why = best_layout(target_of(args), weights_fit_int16=False)  # full 8-bit weights
     if (args.target, layout) not in _SAID:
         _SAID.add((args.target, layout))
         log(f"int8 path: {RESNET50[layout]} ({why}; --layout {'|'.join(LAYOUTS[1:])} picks another)")
@@ -144,7 +144,7 @@ def load_workload(args):
                layout, args.target, args.seed)
         if key not in _IMPORTED:
             _IMPORTED[key] = import_onnx(args.workload, parse_shapes(getattr(args, "shape", [])), layout=layout,
-                                         target=resolve_target(args.target), seed=args.seed, log=log)
+                                         target=target_of(args), seed=args.seed, log=log)
         return _IMPORTED[key].workload
     name = builtin_name(args)
     log(f"building {name} {workload_options(args)} ...")
@@ -155,6 +155,15 @@ def resolve_target(spec: str):
     from tvm_ext.targets import resolve_target as resolve
 
     return resolve(spec)
+
+
+def target_of(args):
+    """The command's ``--target`` as a ``tvm.target.Target``, resolved once, here at the command line's edge:
+    every layer below is handed this object."""
+    resolved = getattr(args, "resolved_target", None)
+    if resolved is None:
+        resolved = args.resolved_target = resolve_target(args.target)
+    return resolved
 
 
 def parse_rulesets(text: str) -> list[str]:

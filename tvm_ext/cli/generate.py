@@ -85,13 +85,12 @@ def run(args) -> int:
     import json
 
     from tvm_ext.bench.phi2.decode import decode_e2e_rows
-    from tvm_ext.cli.common import check_out_dir, log
+    from tvm_ext.cli.common import check_out_dir, log, target_of
     from tvm_ext.cli.generate_prompt import int8_database, run_prompt
     from tvm_ext.jsonio import write_json
     from tvm_ext.rulesets import check_schedules
 
-    from tvm_ext.targets import resolve_target
-    from tvm_ext.tune.seeds import is_gpu
+    from tvm_ext.schedule_rule import is_gpu
 
     if args.model is not None:  # a user's checkpoint: text in, text out
         from tvm_ext.cli.generate_text import run_model
@@ -99,7 +98,7 @@ def run(args) -> int:
         return run_model(args)
     if args.prompt_text is not None:
         raise ValueError("--prompt-text needs --model PATH (a checkpoint with a tokenizer)")
-    if is_gpu(resolve_target(args.target)):
+    if is_gpu(target_of(args)):  # the one resolution of --target: a Target below
         return run_gpu(args)
     if args.target != "llvm":
         raise ValueError(f"--target {args.target}: the CPU decode runs on this host's CPU (llvm) or a GPU (cuda)")
@@ -139,7 +138,7 @@ def run(args) -> int:
     rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                            context=args.context, threads=args.threads, seed=args.seed,
                            database=int8_database(args), tune_trials=args.tune, rounds=args.rounds, peer=peer,
-                           log=quiet)
+                           log=quiet, target=target_of(args))
     if record is not None:  # peer_rows, filled round by round, are the record's rows
         for r in rows:
             r["peers"] = [record]
@@ -155,7 +154,7 @@ def run_gpu(args) -> int:
     import json
 
     from tvm_ext.bench.phi2.decode_gpu import build_only, decode_gpu_rows
-    from tvm_ext.cli.common import check_out_dir, log
+    from tvm_ext.cli.common import check_out_dir, log, target_of
     from tvm_ext.jsonio import write_json
     from tvm_ext.rulesets import GPU_SCHEDULES, check_schedules
 
@@ -165,7 +164,7 @@ def run_gpu(args) -> int:
     context = 512 if args.context is None else args.context
     quiet = (lambda msg: None) if args.quiet else log
     if args.build_only:
-        built = build_only(args.target, config=args.config, capacity=context + args.tokens, schedules=schedules,
+        built = build_only(target_of(args), config=args.config, capacity=context + args.tokens, schedules=schedules,
                            log=quiet)
         print(json.dumps(built) if args.json else "\n".join(
             f"{how}: " + ", ".join(f"{k} {r}" for k, r in sorted(b["rules"].items()))
@@ -188,7 +187,7 @@ def run_gpu(args) -> int:
         except Exception as err:  # noqa: BLE001 -- the peer's own failure on this machine
             quiet(f"peer torch left out: {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}")
     rows = decode_gpu_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens, context=context,
-                           target=args.target, seed=args.seed, rounds=args.rounds, peer=peer, log=quiet)
+                           target=target_of(args), seed=args.seed, rounds=args.rounds, peer=peer, log=quiet)
     if peers:
         for r in rows:
             r["peer"] = info

@@ -20,7 +20,7 @@ def run_prompt(args, note: str | None = None) -> int:
     import json
 
     from tvm_ext.bench.phi2.prompt import prompt_rows
-    from tvm_ext.cli.common import check_out_dir, log
+    from tvm_ext.cli.common import check_out_dir, log, target_of
     from tvm_ext.jsonio import write_json
     from tvm_ext.rulesets import PROMPT_SCHEDULES, check_schedules
 
@@ -39,7 +39,7 @@ def run_prompt(args, note: str | None = None) -> int:
     quiet = (lambda msg: None) if args.quiet else log
     out = prompt_rows(schedules, config=args.config, layers=args.layers, prompt=args.prompt, tokens=args.tokens,
                       context=context, threads=args.threads, log=quiet, seed=args.seed, database=database,
-                      tune_trials=args.tune, ort="ort" in peers, repeat=args.rounds)
+                      tune_trials=args.tune, ort="ort" in peers, repeat=args.rounds, target=target_of(args))
     out["database"] = database if "tuned" in schedules else None
     if note:
         out["note"] = note
