@@ -52,7 +52,7 @@ def int8_figures(doc) -> list:
                 ax.bar([i + 0.2], [n["warm_ms"]], width=0.38, color=colors[n["name"]], alpha=0.55, hatch="//")
         base = nets[0]
         ratio = n["first_ms"] / base["first_ms"]
-        ax.text(i, n["first_ms"], f"{n['first_ms']:.2f}\n{ratio:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.text(i, n["first_ms"], f"{n['first_ms']:.3g}\n{ratio:.2f}x", ha="center", va="bottom", fontsize=7)
     if warm:
         from matplotlib.patches import Patch
 
@@ -60,7 +60,7 @@ def int8_figures(doc) -> list:
                            Patch(facecolor="#cccccc", hatch="//" if not rounds else None,
                                  label=f"warm: the {doc.get('warm_runs')} runs after it (right)")],
                   fontsize=7, loc="upper left")
-    ticks = [f"{n['name']}\n({'peer' if n['peer'] else 'tvm_ext'})" for n in nets]
+    ticks = [f"{n['name']}\n({'peer' if n['peer'] else 'rule set'})" for n in nets]
     ax.set_xticks(range(len(nets)), ticks, fontsize=8)
     ax.set_ylabel("network time (ms)")
     ax.set_ylim(0, max(max(n["first_rounds"] or [n["first_ms"]]) for n in nets) * 1.25)
@@ -69,8 +69,8 @@ def int8_figures(doc) -> list:
            else f"medians of {doc['rounds']} interleaved rounds (this JSON holds no per-round times)")
     pair = "; left of each pair: the first run of its turn, right (hatched or second column): warm, " \
            f"the {doc.get('warm_runs')} runs after it" if warm else ""
-    ax.set_title(f"{doc['workload']} on {doc['target']}: tvm_ext (blue/green) beside its peers (orange/red)",
-                 fontsize=9)
+    peers = " beside the peers (orange/red)" if any(n["peer"] for n in nets) else ""
+    ax.set_title(f"{doc['workload']} on {doc['target']}: tvm_ext's rule sets (blue/green){peers}", fontsize=9)
     out = [Drawn("runtimes", "Runtimes, ours beside the peers",
                  f"{how}{pair}. Labels: the first run's median and its ratio to {nets[0]['name']}.", fig)]
     if rounds:
