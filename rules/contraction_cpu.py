@@ -273,9 +273,5 @@ class ContractionCPU(ScheduleRule):
     (a 512-token prefill's attn_score: ours 41.5 ms a layer, a MetaSchedule one 13.1 ms)."""
 
     name = "contraction_cpu"
-
-    def plan(self, func, target):
-        return _form(func)
-
-    def schedule(self, sch, plan, target, sample=False, annotate=False):
-        schedule(sch, plan, sample=sample, annotate=annotate)
+    plan_of = staticmethod(_form)
+    schedule_with = staticmethod(schedule)

@@ -87,10 +87,6 @@ class ContractionCUDA(ScheduleRule):
     """Decode attention's value product (module doc); columns and parts sampled when tunable."""
 
     name = "contraction_cuda"
+    plan_of = staticmethod(_plan)
+    schedule_with = staticmethod(schedule)
     gpu = True
-
-    def plan(self, func, target):
-        return _plan(func)
-
-    def schedule(self, sch, plan, target, sample=False, annotate=False):
-        schedule(sch, plan, sample=sample, annotate=annotate)

@@ -50,11 +50,10 @@ dlight); None where the function does not match.
 from __future__ import annotations
 
 import tvm
-from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.analysis.gemv_pattern import GemvPattern, inline_around, match, match_func
-from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.schedule_rule import SKIP, ScheduleRule, fresh_schedule
 from tvm_ext.tir_utils import sample_choice
 
 ROWS = (2, 4, 8)  # output columns computed together (share the activation loads); 1 would
@@ -210,21 +209,12 @@ class DequantGEMV(ScheduleRule):
         if pattern is None:
             return None
         lanes = factored_lanes(target)
-        if lanes is not None:
-            sch = Schedule(tvm.IRModule({name: func}))
-            sch.work_on(name)
-            try:
-                schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes)
-                return sch
-            except (ScheduleError, ValueError, StopIteration):
-                pass  # not the intrinsic's form: the scheduled sketches below
-        sch = Schedule(tvm.IRModule({name: func}))
-        sch.work_on(name)
-        try:
-            self.schedule(sch, pattern, target, sample=tunable)
-        except ScheduleError:
-            return None
-        return sch
+        factored = None if lanes is None else fresh_schedule(  # None: not the intrinsic's form
+            func, name, lambda sch: schedule_factored(sch, sch.get_sblock(pattern.gemv), pattern, lanes),
+            (ScheduleError, ValueError, StopIteration))
+        if factored is not None:
+            return factored
+        return fresh_schedule(func, name, lambda sch: self.schedule(sch, pattern, target, sample=tunable))
 
     def candidates(self, sch, block, target):
         pattern = match(sch, block)

@@ -9,7 +9,7 @@ other loops fused; the fused loop runs in parallel where the block writes at lea
 
 Why: dlight has no CPU rule for these kernels, so they compiled unscheduled: scalar loops.  Phi-2's
 decode rope (32 heads x 80) took 0.83 us a call that way and 0.18 us with its 80-element rows 16
-lanes wide (cache-hot, 2-core Zen 4, session 23); serial, since waking the second thread costs
+lanes wide (cache-hot, 2-core Zen 4); serial, since waking the second thread costs
 ~0.8 us, more than such a kernel.  A block that writes megabytes (the KV-cache concatenate, 5.2 MB
 a layer) is worth both cores.
 
@@ -48,9 +48,9 @@ def _plan(func) -> Optional[list]:
     return [stmt.name_hint for stmt in stmts]
 
 
-def schedule(sch, plan, annotate: bool = False) -> None:
-    """Schedule the function ``sch`` works on as the module doc says; with ``annotate`` every block
-    (and the root) is marked for PostOrderApply's other rules to skip."""
+def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:  # pylint: disable=unused-argument
+    """Schedule the function ``sch`` works on as the module doc says (nothing to ``sample``); with
+    ``annotate`` every block (and the root) is marked for PostOrderApply's other rules to skip."""
     for name in plan:
         block = sch.get_sblock(name)
         written = sch.get(block).writes[0].source
@@ -70,12 +70,8 @@ class InjectiveCPU(ScheduleRule):
     """An injective kernel (module doc): loops vectorized, parallel when big; nothing sampled."""
 
     name = "injective_cpu"
-
-    def plan(self, func, target):
-        return _plan(func)
+    plan_of = staticmethod(_plan)
+    schedule_with = staticmethod(schedule)
 
     def blocks(self, plan):
         return tuple(plan)
-
-    def schedule(self, sch, plan, target, sample=False, annotate=False):
-        schedule(sch, plan, annotate=annotate)

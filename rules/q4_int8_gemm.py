@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import tvm
-from tvm.s_tir import Schedule
 from tvm.s_tir.schedule import ScheduleError
 
 from tvm_ext.intrinsics import q4_amx, q4_vnni
-from tvm_ext.schedule_rule import SKIP, ScheduleRule
+from tvm_ext.schedule_rule import SKIP, ScheduleRule, fresh_schedule
 from tvm_ext.tir_utils import root_child_blocks
 
 DEFAULT_MB = 4
@@ -225,16 +224,10 @@ class Q4Int8GEMM(ScheduleRule):
             return None
         p, offered = plan
         for form in offered:  # AMX offers no sketch for M = 1 or M > 16 not a multiple of 16
-            first = sketches(p, form)[:1]
-            if not first:
-                continue
-            sch = Schedule(tvm.IRModule({name: func}))
-            sch.work_on(name)
-            try:
-                schedule(sch, p, *first[0], form=form, sample=tunable)
-            except ScheduleError:
-                continue
-            return sch
+            for first in sketches(p, form)[:1]:
+                sch = fresh_schedule(func, name, lambda s: schedule(s, p, *first, form=form, sample=tunable))
+                if sch is not None:
+                    return sch
         return None
 
     def candidates(self, sch, block, target):

@@ -140,12 +140,8 @@ class RowNormCPU(ScheduleRule):
     """A row normalization (module doc) scheduled row by row; the vector width sampled when tunable."""
 
     name = "row_norm_cpu"
-
-    def plan(self, func, target):
-        return _plan(func)
+    plan_of = staticmethod(_plan)
+    schedule_with = staticmethod(schedule)
 
     def blocks(self, plan):
         return (plan[0], *plan[1])
-
-    def schedule(self, sch, plan, target, sample=False, annotate=False):
-        schedule(sch, plan, sample=sample, annotate=annotate)

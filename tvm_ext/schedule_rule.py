@@ -33,10 +33,14 @@ def is_gpu(target) -> bool:
 
 class ScheduleRule(dlight.ScheduleRule):
     """Base of tvm_ext's rules (module doc).  ``name``: what the scheduling pass reports for a kernel
-    it scheduled; ``gpu``: whether the rule is for GPU targets (else CPU ones)."""
+    it scheduled; ``gpu``: whether the rule is for GPU targets (else CPU ones).  A rule whose pattern
+    and schedule need no target gives them as ``plan_of(func)`` and ``schedule_with(sch, plan, sample,
+    annotate)`` (staticmethods) instead of overriding ``plan`` and ``schedule``."""
 
     name = ""
     gpu = False
+    plan_of = None
+    schedule_with = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -47,7 +51,7 @@ class ScheduleRule(dlight.ScheduleRule):
     # -- what a subclass gives
     def plan(self, func: tirx.PrimFunc, target) -> Optional[object]:
         """The pattern's plan for ``func`` (``target`` may be None), or None where it does not match."""
-        raise NotImplementedError
+        return type(self).plan_of(func)
 
     def blocks(self, plan) -> Optional[tuple]:
         """Names of the blocks ``plan`` schedules (MetaSchedule applies the rule at one of them);
@@ -57,7 +61,7 @@ class ScheduleRule(dlight.ScheduleRule):
     def schedule(self, sch: Schedule, plan, target, sample: bool = False, annotate: bool = False) -> None:
         """Schedule the function ``sch`` works on as ``plan`` says: ``sample``: the decisions sampled;
         ``annotate``: every block it scheduled marked ``SKIP``.  Raises ScheduleError where it cannot."""
-        raise NotImplementedError
+        type(self).schedule_with(sch, plan, sample=sample, annotate=annotate)
 
     # -- dlight's face
     def is_target_available(self, target) -> bool:
@@ -75,13 +79,7 @@ class ScheduleRule(dlight.ScheduleRule):
         plan = self.plan(func, target)
         if plan is None:
             return None
-        sch = Schedule(tvm.IRModule({name: func}))
-        sch.work_on(name)
-        try:
-            self.schedule(sch, plan, target, sample=tunable)
-        except ScheduleError:
-            return None
-        return sch
+        return fresh_schedule(func, name, lambda sch: self.schedule(sch, plan, target, sample=tunable))
 
     def apply_to_module(self, mod: tvm.IRModule, target=None) -> tvm.IRModule:
         """``mod`` with every PrimFunc this rule matches scheduled deterministically, the others
@@ -128,6 +126,18 @@ class _MetaScheduleFace(PyScheduleRule):
 
     def clone(self):
         return self.rule.meta_schedule(self.target)
+
+
+def fresh_schedule(func, name: str, schedule_fn, errors=(ScheduleError,)):
+    """A Schedule of ``func`` (as ``name``) with ``schedule_fn(sch)`` applied, or None where that raises one
+    of ``errors``."""
+    sch = Schedule(tvm.IRModule({name: func}))
+    sch.work_on(name)
+    try:
+        schedule_fn(sch)
+    except errors:
+        return None
+    return sch
 
 
 def working_func(sch) -> tirx.PrimFunc:
