@@ -15,28 +15,10 @@ requantize loop vectorized by 4 casts to ``int64x4`` (32 bytes) after lowering; 
 check that looks only at loads and stores accepts it and the candidate then fails in
 codegen.
 
-Staged, because it sits on the hottest path of tuning (evolutionary search applies it
-to thousands of candidates for every batch it measures); ``apply`` runs
-``verify_staged``, which lowers most candidates once, with the built-in's pipeline:
-
-1. MetaSchedule's thread-extent annotations (and the vthread product, if asked) on the
-   scheduled function (a Python walk, no lowering, ~0.3 ms): rejects most sampled
-   candidates, and everything TVM's built-in rejects before lowering.
-2. A cross-thread reduction: ``tvm.compile``'s whole pipeline (explicit unrolling of its
-   allreduce is a failure of its own) and every check on the code the codegen receives.
-3. Otherwise the short lowering (the built-in's pipeline, ``lower_for_gpu``), then
-   ``check_lowered`` (names the reason) and TVM's GPUCodeVerifier with the built-in's
-   constraints: the built-in's verdict and ours from one lowering.  Where the scheduled
-   function has vectors wide enough to hold a broadcast the codegen writes wrongly
-   (``tvm_ext.codegen_risk.wide_vectors``), the short code's broadcasts are looked
-   at too, and only a candidate that has one goes on to ``tvm.compile``'s pipeline (the
-   fast form of ``build_lowering``: no unroll pragmas, no RemoveNoOp/CSE), which decides:
-   its simplifier often turns the short code's ``Ramp // Broadcast(128)`` into a plain
-   ramp.  That a broadcast absent from the short code does not appear in the full one is
-   what ``tvm-ext verify-gpu --replay`` checks, on verify-gpu's 5800 candidates.
-
-``verify`` stays the whole, unstaged verdict (every check, full lowering): verify-gpu and
-the replay (``tvm-ext verify-gpu --replay``) compare the staged verdict against it.
+Staged, because it sits on the hottest path of tuning (evolutionary search applies it to thousands
+of candidates a measured batch): ``apply`` runs ``verify_staged``, cheap checks first and one lowering
+at most for most candidates; ``verify`` is the whole, unstaged verdict the staged one is checked against
+(``tvm-ext verify-gpu --replay``).  The stages: ``docs/verify_gpu_code.md``.
 
 Why our own: TVM's built-in postproc returns a bare bool. This one keeps a counter
 of rejection reasons (``reason_counts()``) that a tuning run can print, and the
@@ -63,9 +45,7 @@ from tvm_ext.tir_utils import collect, dtype_bytes, dtype_lanes, prim_funcs
 
 REQUIRED_TARGET_ATTRS = ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size")
 MAX_VTHREAD = 8  # the built-in's max_vthread (GPUCodeVerifier)
-# The limit on the product of vthread extents this postproc applied until the search-cost
-# work of issue 16 (tuning_logs/verify-gpu.json was judged with it); off by default now.
-VTHREAD_POLICY = 8
+VTHREAD_POLICY = 8  # the opt-in limit on the product of vthread extents (docs/verify_gpu_code.md)
 MAX_VECTOR_BYTES = 16
 
 # Reasons, as counted keys.
@@ -396,7 +376,7 @@ class VerifyGPUCode(PyPostproc):
     where its verifier still sees them.  It used to be on (8, ``VTHREAD_POLICY``); in a
     search it rejected more candidates than every other check together, so the search
     sampled ~1.6x as many candidates as with the built-in for the same accepted batch
-    (resnet50 conv task, docs/journal.md, issue 16).
+    (resnet50 conv task, docs/journal.md).
     """
 
     def __init__(self, log: ReasonLog | None = None, vthread_limit: int | None = None) -> None:

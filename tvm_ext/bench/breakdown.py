@@ -16,7 +16,7 @@ calls) beside its record's (best run seconds x calls) and their ratio; then the 
   (cold caches after their neighbours, a pool that has to wake), or faster.
 
 Why: the network ran at 1.21-1.26x the sum of its tuned kernels on the EPYC and 2.1-2.4x on the
-AMX host (issue 35); which of the two parts holds the gap decides what to fix.
+AMX host; which of the two parts holds the gap decides what to fix.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The tuner ranks a task's schedules alone, on cache-hot data; inside the network a kernel's
 weights and inputs come from wherever its neighbours left them, and the ranking can change
 (ResNet-50's 7x7 convs, 1-2.4 MiB of weights each: a second-best record 15-20 % faster there,
-``docs/journal.md`` session 27).  Variant j of the network runs every task's j-th best record
+``docs/journal.md``).  Variant j of the network runs every task's j-th best record
 (``tune.picks.ranked``: distinct schedules); the variants' per-task times inside the network
 (``bench.breakdown``) are taken in alternating rounds, and a task keeps a lower-ranked record
 only where its median beats the best record's by ``margin`` -- a minimum over noisy medians

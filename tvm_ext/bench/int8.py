@@ -27,7 +27,7 @@ def run(workload, target, rulesets, trials: int | None, from_logs: bool, rounds:
 
     ``peers=["ort"]`` adds ONNX Runtime running the same network to the interleaved
     rounds (a row with ``"ruleset": "ort"``), ``"ov"`` OpenVINO's CPU plugin, ``"torch"`` PyTorch's fp16
-    ResNet-50 (``torch_peers``; on CUDA targets the peer of issue 32); ``layers`` adds
+    ResNet-50 (``torch_peers``; on CUDA targets); ``layers`` adds
     ``"per_layer"``: every conv
     task of the first rule set's database against one ORT QLinearConv of its shape; ``breakdown`` > 0
     adds ``"breakdown"``: the first rule set's network, that many runs, each kernel inside it against

@@ -9,7 +9,7 @@ Per layer: every conv task of a tuning database is built from its best record an
 timed against one ORT ``QLinearConv`` of the same shape (NCHW, ORT's own layout),
 alternating the two in each round. A task that also fuses a residual add is timed
 against the QLinearConv followed by ORT's ``QLinearAdd`` (its row's ``epilogue`` says
-``requantize+add``); until session 14 that peer was the lone QLinearConv.
+``requantize+add``).
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def torch_network(workload, target, log=print):
 def _openvino():
     """``import openvino`` without its telemetry. OpenVINO imports its converter, which imports
     ``openvino_telemetry``; that sends usage data to Google Analytics without asking, from a thread
-    that forks a process (session 18: that fork deadlocked in OpenBLAS's fork handler in the middle
+    that forks a process (that fork once deadlocked in OpenBLAS's fork handler in the middle
     of a bench). With the module blocked before the first import, the converter falls back to its
     own no-op stub. Too late when the process imported OpenVINO before: then it is left as it is."""
     import sys
@@ -139,7 +139,7 @@ def ov_network(workload, threads: int, log=print):
     """(callable running the workload's network in OpenVINO's CPU plugin, diff of its output vs the
     reference, settings): the same ONNX model ORT runs (``peer_model``), compiled with the latency
     hint, ``threads`` inference threads and its float parts in f32. OpenVINO's default on CPUs
-    with bf16 (AVX512-BF16, AMX) is bf16. Measured in session 18 (OpenVINO 2026.4, AVX-512 EPYC):
+    with bf16 (AVX512-BF16, AMX) is bf16. Measured (OpenVINO 2026.4, AVX-512 EPYC):
     on a user's QDQ file (the zoo's MobileNetV2) within 13 steps of the exact reference where ORT
     is within 1; on the exported QLinearConv of the built-in networks up to 122 steps off, in f32
     and bf16 alike and whatever its scales and zero points, where ORT is exact: so a built-in

@@ -97,7 +97,7 @@ def _is_conv(name: str) -> bool:
     return "conv2d" in name
 
 
-# name -> builder of the PrimFunc for a target name; the tasks of issue 16's list
+# name -> builder of the PrimFunc for a target name; the search-cost tasks
 TASKS: dict = {
     "seed": _seed,
     "resnet-conv-heavy": lambda t: _heaviest("resnet50-int8", t, _is_conv),

@@ -23,7 +23,7 @@ REASON_NOTES = {
                          "(cudaErrorInvalidConfiguration / launch-bounds mismatch)",
     "shared_memory": "run time: more shared memory than the per-block limit fails to launch "
                      "(ptxas only catches static allocations over 48 KiB)",
-    "vthread": "policy, opt-in since issue 16 (VerifyGPUCode(vthread_limit=8); tuning_logs/verify-gpu.json "
+    "vthread": "policy, opt-in (VerifyGPUCode(vthread_limit=8); tuning_logs/verify-gpu.json "
                "was judged with it): at most 8 as the product of vthread extents of the scheduled loops (a "
                "register-pressure heuristic); the built-in's max_vthread=8 looks after InjectVirtualThread "
                "removed them; compiles and runs",

@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
                     "milliseconds per sampled candidate), the milliseconds per postproc per candidate and per "
                     "design-space generation (with the part spent in each of our Python rules). "
                     "CUDA candidates are generated and verified on the CPU: no GPU needed. "
-                    "Issue 16's settings: --population 256 --init-min-unmeasured 256 --candidates 64.")
+                    "The search-cost study's settings (docs/journal.md): --population 256 "
+                    "--init-min-unmeasured 256 --candidates 64.")
     from tvm_ext.bench.search_tasks import TASKS
 
     p.add_argument("--tasks", default="seed",

@@ -3,7 +3,7 @@
 The tuner ranks a task's schedules by their runs alone, weights and activations hot in the
 cache; inside the network a kernel finds them where its neighbours left them, and a task's
 second-best record can run faster there than its best (ResNet-50's 7x7 convs, weights of
-1-2.4 MiB: 343 vs 293 us, ``docs/journal.md`` session 27).  ``bench.in_network`` times the
+1-2.4 MiB: 343 vs 293 us, ``docs/journal.md``).  ``bench.in_network`` times the
 top records of every task inside the running network and writes here which one to use; this
 module reads that file and gives the database the network is compiled with.
 

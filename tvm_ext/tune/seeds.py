@@ -110,9 +110,9 @@ def confirm_picks(mods: dict, target, db_dir: str, runner, log=print, rounds: in
     was not ``PICK_MARGIN`` faster in the median of those rounds' ratios, the kernel goes into ``KEPT_FILE``
     and ``tuned_schedule`` gives its untuned schedule.  Why: records are measured minutes apart, and on a
     shared host the runner's figure for one schedule moved by 30-63 % between measurements (Phi-2's
-    decode GEMMs, 2-core EPYC, session 21) while the sketches it ranks differ by a few %; and a pick
-    confirmed 1-4 % faster could run 6 % slower in the bench's rounds right after (a KV-cache concatenate,
-    session 23): within the margin the untuned schedule, the same binary as the rule row, stays.
+    decode GEMMs on a 2-core host) while the sketches it ranks differ by a few %; and a pick
+    confirmed 1-4 % faster could run 6 % slower in the bench's rounds right after (a KV-cache
+    concatenate): within the margin the untuned schedule, the same binary as the rule row, stays.
     Returns {kernel: median ratio tuned / untuned}."""
     import statistics
 

@@ -5,7 +5,7 @@ AVX2 kernel, in float32: with ``r_a = s_a / s_c`` and ``r_b = s_b / s_c`` (float
 ``F = z_c - fma(r_a, z_a, r_b * z_b)`` once per call, each output is
 ``saturate(rint(fma(a, r_a, fma(b, r_b, F))))`` on the raw (not zero-point-shifted) inputs,
 rounded half to even. Compared with ORT 1.32 on 1.3 M outputs of random scales and zero points
-(session 26): this form 0 off, the same without the FMA in ``F`` 4 off, the exact real sum 9.
+(``docs/journal.md``): this form 0 off, the same without the FMA in ``F`` 4 off, the exact real sum 9.
 
 Here ``qlinear_add_consts`` computes ``r_a``, ``r_b`` and ``F`` (NumPy, as ORT does) once at
 import, ``qlinear_add`` is the TE op (two ``tirx.fma``: LLVM emits ``vfmadd``, 16 lanes; 2

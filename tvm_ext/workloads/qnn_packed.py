@@ -1,7 +1,7 @@
 """A recorded :class:`~tvm_ext.workloads.qnn.QuantGraph` emitted in the packed VNNI layouts.
 
 The NHWC emission (``QuantGraph.to_relax()``) reads the 4 input channels of a weight
-row 16*C_out bytes apart, so the VNNI rule never matches it (issue 6).
+row 16*C_out bytes apart, so the VNNI rule never matches it.
 :class:`PackedEmitter` emits the *same* graph -- same steps, weights and quantization
 parameters, hence the same NumPy reference, bit for bit -- in the layouts of
 :mod:`tvm_ext.workloads.qnn_vnni`:

@@ -4,7 +4,7 @@ VNNI (``vpdpbusd``) computes, for 16 int32 lanes ``i``, ``C[i] += sum_k A[k] * B
 with ``k`` in 0..3, ``A`` 4 consecutive uint8 and ``B`` 64 consecutive int8 laid out
 ``[16 output channels][4 input channels]``. An NHWC activation with HWIO weights has the
 4 input channels of a weight row 16*C_out bytes apart, so MetaSchedule's auto-tensorizer
-finds no match (issue 6). Here we use the layouts that do match:
+finds no match. Here we use the layouts that do match:
 
 * activations NCHW[cb]c: ``(N, C // cb, H, W, cb)`` uint8, ``cb`` a multiple of 4
   (16 for every layer of ResNet-50 but the stem, whose 3 channels are padded to 4);

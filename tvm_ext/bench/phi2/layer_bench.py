@@ -444,13 +444,13 @@ def _targets(rows, peers=(), schedules=SCHEDULES, int8=()):
         for k in (row(rows, f, "seeded")["kernels"] if "seeded" in schedules else []):
             worst = max(worst or 0.0, k["ms"] / d[k["name"]])
     t["seeded_worst_kernel_vs_dlight"] = worst
-    # issue 34: every kernel of the best fused row <= 1.2x its DRAM bound; those above, with their floor
+    # target: every kernel of the best fused row <= 1.2x its DRAM bound; those above, with their floor
     t["kernels_over_bound"] = [{"name": k["name"], "vs_bound": k["ms"] / k["bound_ms"],
                                 "vs_floor": k["ms"] / k["floor_ms"] if k.get("floor_ms") else None}
                                for k in best["kernels"] if k["ms"] > 1.2 * k["bound_ms"]]
     torch_layer = sum(p["ms"] for p in peers if p["peer"] == "torch-bf16" and p["projection"] != "lm_head")
     t["torch_bf16_over_best_fused"] = torch_layer / best["layer_ms"] if torch_layer else None
-    # issue 19: every projection <= 1.5x its DRAM bound and <= 1.0x ORT MatMulNBits accuracy_level 0
+    # target: every projection <= 1.5x its DRAM bound and <= 1.0x ORT MatMulNBits accuracy_level 0
     t["projections"] = {}
     for proj, p in projection_table(rows, peers).items():
         fused_ms = {k: v for k, v in p["tvm"].items() if k.endswith(" fused")}

@@ -16,7 +16,7 @@ def te_gelu_tanh(y):
     """gelu_tanh (Phi-2's "gelu_new") with TVM's ``fast_tanh`` (a rational function, float32
     accurate to a few ulp) instead of ``relax.op.nn.gelu_tanh``: that one's ``tanh`` becomes a
     scalar ``expf`` call per element on LLVM CPU targets, which kept fc1's epilogue loop from
-    vectorizing (~0.07 ms of fc1's 0.92 ms from DRAM on the AVX-512 host, session 15)."""
+    vectorizing (~0.07 ms of fc1's 0.92 ms from DRAM on an AVX-512 CPU)."""
     from tvm import te, tirx, topi
 
     c = lambda v: tirx.const(v, y.dtype)  # noqa: E731

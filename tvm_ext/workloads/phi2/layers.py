@@ -201,7 +201,7 @@ def _te_exp_nonpositive(x, name="softmax_exp"):
     x = -87.68 (results under 2^-126.5, subnormal) it is 0.  Relative error <= 2.5e-6 for x >= -20, growing
     with |x| to ~4e-6 near -87.6 (the rounding of t itself; TVM's ``fast_exp``: 1.3e-6 on softmax's scores).
     Fewer vector operations than ``topi.fast_exp`` (no upper clamp, one rounding, no final max): a decode
-    softmax over 513 keys 3.2 -> 2.9 us a call, cache-hot, 2-core Zen 4 (session 23).  Other dtypes:
+    softmax over 513 keys 3.2 -> 2.9 us a call, cache-hot, 2-core Zen 4.  Other dtypes:
     ``topi.fast_exp``."""
     from tvm import te, tirx, topi
 
@@ -223,12 +223,12 @@ def _te_exp_nonpositive(x, name="softmax_exp"):
 def _te_softmax(s, past=None):
     """softmax over the last axis of scores ``s`` (1, heads, n, t), with the causal mask ``j > i + past``
     applied where each element is read (no kernel of its own: a 512-token prefill's separate mask kernel
-    took 5.8 ms a layer for 8.7 M floats, 2-core Zen 4; session 21) unless ``past`` is None, as a
+    took 5.8 ms a layer for 8.7 M floats, 2-core Zen 4) unless ``past`` is None, as a
     ``Select`` (both sides are safe to evaluate), which vectorizes: as ``if_then_else`` the masked softmax
     took 7.5 ms a layer at 512 tokens, now 5.4 (unmasked 5.2).  A polynomial exp (``_te_exp_nonpositive``;
     TVM's ``fast_exp`` before it) instead of ``relax.op.nn.softmax``'s ``exp``, one scalar ``expf`` call per
     element on LLVM CPU targets: a 512-token prefill's softmax (32 x 512 x 528) took ~11 ms a layer whatever
-    its schedule, 5.0-6.7 ms with fast_exp (session 20)."""
+    its schedule, 5.0-6.7 ms with fast_exp."""
     from tvm import te, tirx
 
     *rows, d = s.shape
