@@ -142,6 +142,7 @@ def write_job(job: J.Job, index: int, target, ship: str, host: str, log=print) -
             "params": specs, "seed": job.seed, "output": -1, "check": check, "experiment": job.experiment,
             "group": job.group, "task": job.name, "task_index": index, "weight": job.weight,
             "ruleset": v.ruleset, "label": v.label, "rank": v.rank, "bytes": in_bytes, "out_bytes": out_bytes,
+            "parts": job.parts,
             "same_as": sorted(k for k, kept in job.same_as.items() if kept == v.label)})
     return items
 

@@ -42,6 +42,7 @@ class Job:
     params: list  # [{"shape", "dtype", "range"} or {"shape", "dtype", "value": array}]
     variants: list = field(default_factory=list)
     same_as: dict = field(default_factory=dict)  # label -> label of the identical variant kept
+    parts: dict = field(default_factory=dict)  # Phi-2: {"layer"/"head": calls a decode step}
 
     @property
     def seed(self) -> int:
@@ -148,8 +149,9 @@ def phi2_jobs(config: str, context: int, target, rulesets, n: int, kernels: int 
     jobs = []
     for fusion, rows in sorted(sources.phi2_kernels("phi2-decode", config, context, dtype).items()):
         group = f"phi2-decode/{'fused' if fusion else 'unfused'}"
-        for name, calls, mod in rows[:kernels] if kernels else rows:
-            job = Job("phi2-decode", group, name, calls, mod, param_specs(mod["main"], {}, True))
+        for name, parts, mod in rows[:kernels] if kernels else rows:
+            job = Job("phi2-decode", group, name, sum(parts.values()), mod, param_specs(mod["main"], {}, True),
+                      parts=parts)
             dl, ours = sources.dlight_schedule(mod, target), sources.rule_schedule(mod, target)
             # no dlight rule applies: the bench's dlight row runs the kernel as built
             dl = dl if dl is not None else sources.untuned_schedule(mod, target)

@@ -58,21 +58,20 @@ def tasks(wl, target) -> list:
 
 
 def phi2_kernels(workload_name: str, config: str, context: int, dtype: str) -> dict:
-    """{fusion (bool): [(kernel name, calls a step, normalized IRModule)]} of the Phi-2 bench."""
+    """{fusion (bool): [(kernel name, {part ("layer"/"head"): calls}, normalized IRModule)]} of the Phi-2
+    bench (a decode step runs the layer's kernels 32 times, the head's once)."""
     from tvm_ext.bench.phi2.kernels import kernelsets
 
     normalize = _policy().normalize if hasattr(_policy(), "normalize") else __import__(
         "tvm_ext.bench.phi2.kernels", fromlist=["normalize"]).normalize
-
     _, kss = kernelsets(workload_name, config, context, 1, dtype)
     out = {}
     for fusion, ks in kss.items():
-        seen, rows = set(), []
+        rows: dict = {}
         for k in ks.kernels:
-            if k.name not in seen:
-                seen.add(k.name)
-                rows.append((k.name, sum(x.calls for x in ks.kernels if x.name == k.name), normalize(k.func)))
-        out[fusion] = rows
+            name, parts, mod = rows.setdefault(k.name, (k.name, {}, normalize(k.func)))
+            parts[k.part] = parts.get(k.part, 0) + k.calls
+        out[fusion] = list(rows.values())
     return out
 
 

@@ -47,6 +47,11 @@ def add_parser(sub) -> None:
     i.add_argument("--bundle", default=".bundle/cuda-seeds", help="the bundle directory it was built into")
     i.add_argument("--work-dir", default="tvm_ext_work", help="root of the work dirs (default tvm_ext_work)")
     i.set_defaults(func=run_import)
+    t = verbs.add_parser("table", help="the seed tables of a results file (ResNet-50 per rule set, Phi-2 per schedule)")
+    t.add_argument("results", help="the runner's results file (JSON lines)")
+    t.add_argument("--bundle", default=".bundle/cuda-seeds", help="the bundle directory it was built into")
+    t.add_argument("--json", default=None, metavar="FILE", help="also write the tables as JSON")
+    t.set_defaults(func=run_table)
     pl = verbs.add_parser("plan", help="print a bundle's time model (items, estimated seconds, margin)")
     pl.add_argument("bundle", help="bundle directory")
     pl.add_argument("--limit", type=float, default=600.0, help="one command's limit in seconds (default 600)")
@@ -100,6 +105,22 @@ def run_import(args) -> int:
     from tvm_ext.bundle import import_results
 
     import_results(args.results, args.bundle, args.work_dir, log=log)
+    return 0
+
+
+def run_table(args) -> int:
+    from tvm_ext.bundle import tables
+    from tvm_ext.bundle.importer import read_rows
+
+    path = os.path.join(args.bundle, "ship", "manifest.json")
+    if not os.path.isfile(path) or not os.path.isfile(args.results):
+        raise ValueError(f"need {path} and {args.results}")
+    with open(path, encoding="utf-8") as f:
+        t = tables.tables(json.load(f), read_rows(args.results))
+    print(tables.text(t))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(t, f, indent=1)
     return 0
 
 
