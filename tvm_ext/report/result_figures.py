@@ -63,12 +63,13 @@ def int8_figures(doc) -> list:
     ticks = [f"{n['name']}\n({'peer' if n['peer'] else 'rule set'})" for n in nets]
     ax.set_xticks(range(len(nets)), ticks, fontsize=8)
     ax.set_ylabel("network time (ms)")
-    ax.set_ylim(0, max(max(n["first_rounds"] or [n["first_ms"]]) for n in nets) * 1.25)
+    ax.set_ylim(0, max(max((n["first_rounds"] or [n["first_ms"]]) + (n["warm_rounds"] or [n["warm_ms"] or 0]))
+                       for n in nets) * 1.25)
     ax.grid(alpha=0.3, axis="y")
     how = (f"each dot one of {doc['rounds']} interleaved rounds, black: the median" if rounds
            else f"medians of {doc['rounds']} interleaved rounds (this JSON holds no per-round times)")
-    pair = "; left of each pair: the first run of its turn, right (hatched or second column): warm, " \
-           f"the {doc.get('warm_runs')} runs after it" if warm else ""
+    pair = (f"; left of each pair: the first run of its turn, right{'' if rounds else ' (hatched)'}: warm, "
+            f"the {doc.get('warm_runs')} runs after it" if warm else "")
     peers = " beside the peers (orange/red)" if any(n["peer"] for n in nets) else ""
     ax.set_title(f"{doc['workload']} on {doc['target']}: tvm_ext's rule sets (blue/green){peers}", fontsize=9)
     out = [Drawn("runtimes", "Runtimes, ours beside the peers",
