@@ -317,3 +317,26 @@ def test_tune_ends_naming_the_command_that_draws_its_page(work_dir, tmp_path, ca
     argv = last.split("tvm-ext ", 1)[1].split()
     argv[-1] = str(tmp_path / argv[-1])
     assert main(argv) == 0 and (tmp_path / "toy-llvm-plugin.html").read_text().count("<img") == 3
+
+
+def test_a_work_dir_before_its_first_record_draws_its_tasks(tmp_path):
+    from toy_database import toy_work_dir
+
+    toy_work_dir(str(tmp_path / "fresh"), {"only_task": toy_mod(lambda x: x + 1)})  # tune stopped before a record
+    page = work_dir_page(str(tmp_path / "fresh"))
+    assert [d.name for d in page.figures] == ["curves"] and "only_task" in html_of(page)
+    assert ("estimate", "-") in [(k, v.split(" ")[0]) for k, v in page.facts]
+
+
+def test_in_network_picks_are_drawn_as_measured(work_dir, tmp_path):
+    from tvm_ext.tune.picks import write_picks
+
+    copy = str(tmp_path / "picked")
+    shutil.copytree(work_dir, copy)
+    about = {"top_k": 2, "network_ms": [6.8, 7.3], "confirm_ms": {"best_records": 7.2, "picks": 7.4,
+                                                                 "best_records_warm": 5.7, "picks_warm": 5.6}}
+    write_picks(copy, {}, about)
+    picks = _by_name(work_dir_page(copy))["picks"].figure
+    ranks, confirm = picks.axes
+    assert [p.get_height() for p in ranks.patches] == about["network_ms"]
+    assert [p.get_height() for p in confirm.patches] == [7.2, 7.4, 5.7, 5.6]

@@ -18,7 +18,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from tvm_ext.tune.database import mean_run_seconds, read_meta, record_lines
+from tvm_ext.tune import packed
+from tvm_ext.tune.database import DB_FILES, mean_run_seconds, read_meta, record_lines
 from tvm_ext.tune.driver import load_tasks
 
 SCHEDULER_LOG = os.path.join("logs", "tvm.s_tir.meta_schedule.logging.task_scheduler.log")
@@ -107,7 +108,8 @@ def read_history(work_dir: str) -> History:
     meta = read_meta(work_dir)
     tasks = load_tasks(work_dir, meta)
     by_hash = {str(tvm_ffi.structural_hash(t.mod)): TaskHistory(t.name, t.weight) for t in tasks}
-    for shash, line in record_lines(work_dir):
+    stored = all(packed.exists(os.path.join(work_dir, name)) for name in DB_FILES)  # none before a first record
+    for shash, line in record_lines(work_dir) if stored else []:
         task = by_hash.get(shash)
         if task is not None:  # records of modules that are no longer a task are left out
             task.seconds.append(mean_run_seconds(json.loads(line)[1][1]))
