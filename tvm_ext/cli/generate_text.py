@@ -75,6 +75,7 @@ def run_model(args) -> int:
             sys.stdout.flush()
 
     out = gen.generate(prompt, args.tokens, on_text=piece)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before a --vs-random model is built
     vs_random = compare_random(gen, prompt, args.tokens, args.rounds, how, quiet) if args.vs_random else None
     host = describe_host()
     doc = {"model": ckpt.path, "format": ckpt.kind, "stored": ckpt.stored, "weights": ckpt.cfg["weights"],
@@ -82,7 +83,7 @@ def run_model(args) -> int:
            "prompt_ids": out.prompt_ids, "generated": out.ids, "text": out.text,
            "prompt_tokens": len(out.prompt_ids), "prompt_tok_s": out.prompt_tok_s, "tokens": len(out.ids),
            "decode_tok_s": out.decode_tok_s, "load_s": load_s,
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "peak_rss_mb": peak_mb, "weight_mb": held_bytes(gen.decoder) / 2**20,
            "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})", "vs_random": vs_random}
     if args.out:
         write_json(args.out, doc)
@@ -91,7 +92,8 @@ def run_model(args) -> int:
     else:
         print(f"\n\nprompt: {doc['prompt_tokens']} tokens at {out.prompt_tok_s:.2f} tok/s (token by token); decode: "
               f"{doc['tokens']} tokens at {out.decode_tok_s:.2f} tok/s; load + build {load_s:.1f} s, peak RSS "
-              f"{doc['peak_rss_mb']:.0f} MB; {threads} threads, {doc['device']}")
+              f"{doc['peak_rss_mb']:.0f} MB ({doc['weight_mb']:.0f} MB of weights kept); {threads} threads, "
+              f"{doc['device']}")
         if vs_random:
             v = vs_random
             print(f"vs the random-weight model ({v['config']}, same capacity and schedule), {len(v['rounds'])} "
@@ -99,6 +101,15 @@ def run_model(args) -> int:
                   f"({v['decode_ratio']:.3f}x), prompt {v['prompt_tok_s']:.2f} vs {v['random_prompt_tok_s']:.2f} "
                   f"tok/s ({v['prompt_ratio']:.3f}x)")
     return 0
+
+
+def held_bytes(dec) -> int:
+    """Bytes of the weights a decoder holds on its device (layers, head, embedding table; in the layouts
+    uploaded)."""
+    import numpy as np
+
+    arrays = [a for w in dec.layer_w for a in w] + list(dec.head_w) + list(dec.table)
+    return int(sum(np.prod(a.shape) * np.dtype(str(a.dtype)).itemsize for a in arrays))
 
 
 def compare_random(gen, prompt, tokens, rounds, how, log) -> dict:

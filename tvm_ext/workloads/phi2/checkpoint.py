@@ -45,16 +45,23 @@ class Source:
             return (np.ascontiguousarray(dequantize_np(*got[1:]).T.astype(self.weights)), b)
         return (np.ascontiguousarray(got[1], dtype=self.weights), b)
 
+    def _done(self, w):
+        """``w``, converted: every array a copy, the file's pages given back (``tensors.release``)."""
+        own = lambda a: None if a is None else np.array(a)  # noqa: E731
+        w = {k: tuple(own(a) for a in v) if isinstance(v, tuple) else own(v) for k, v in w.items()}
+        self.reader.release()
+        return w
+
     def layer_weights(self, i):
         v = lambda name: self.reader.vector(name, i)  # noqa: E731
-        return {"ln_g": v("ln_g"), "ln_b": v("ln_b"), **{m: self._matrix(m, i) for m in MATRICES}}
+        return self._done({"ln_g": v("ln_g"), "ln_b": v("ln_b"), **{m: self._matrix(m, i) for m in MATRICES}})
 
     def head_weights(self):
-        return {"lnf_g": self.reader.vector("lnf_g"), "lnf_b": self.reader.vector("lnf_b"),
-                "lm_head": self._matrix("lm_head", bias=self.reader.cfg["lm_bias"])}
+        return self._done({"lnf_g": self.reader.vector("lnf_g"), "lnf_b": self.reader.vector("lnf_b"),
+                           "lm_head": self._matrix("lm_head", bias=self.reader.cfg["lm_bias"])})
 
     def embed_weights(self):
-        return self._matrix("embed", bias=False)
+        return self._done({"embed": self._matrix("embed", bias=False)})["embed"]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tensors import check_shape, import_optional, missing, pack_nibbles, shape_of
+from .tensors import check_shape, import_optional, missing, pack_nibbles, release, shape_of
 
 ARCH = "phi2"
 PER_LAYER = {"ln_g": ("attn_norm.weight",), "ln_b": ("attn_norm.bias",), "dense": ("attn_output.weight",),
@@ -115,6 +115,9 @@ class GGUFReader:
     def vector(self, name, layer=None):
         got = self.matrix(name, layer)
         return np.asarray(got[1], dtype=np.float32)
+
+    def release(self):
+        release([self.file.data])
 
     def tokenizer(self):
         from .tokenizer import from_gguf

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from .tensors import check_shape, missing, shape_of
+from .tensors import check_shape, missing, release, shape_of
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 ARCHITECTURE = "PhiForCausalLM"
@@ -127,6 +127,9 @@ class HFReader:
 
     def vector(self, name, layer=None):
         return np.asarray(self._read(name, layer), dtype=np.float32)
+
+    def release(self):
+        release(self.maps.values())
 
     def tokenizer(self):
         from .tokenizer import beside

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from .tensors import check_shape, missing, shape_of
+from .tensors import check_shape, missing, release, shape_of
 
 QUANTIZATIONS = ("q4f16_1", "q0f16", "q0f32")
 MODEL_TYPES = ("phi", "phi-msft")
@@ -105,6 +105,9 @@ class MLCReader:
     def vector(self, name, layer=None):
         mlc = _mlc_name(name, layer)
         return np.asarray(check_shape(f"{self.path}: {mlc}", self._tensor(mlc), shape_of(self.cfg, name)), np.float32)
+
+    def release(self):
+        release(self.maps.values())
 
     def tokenizer(self):
         from .tokenizer import beside

@@ -65,6 +65,19 @@ def check_shape(what, array, shape):
     return array
 
 
+def release(maps):
+    """Give the pages of memory-mapped files (np.memmap) back: a tensor read from a mapping stays in the
+    process's RSS as long as the mapping holds its pages, so a reader that kept every shard mapped would end
+    the load with the whole file resident beside the converted weights.  The data are untouched (read-only
+    file mappings: a page read again comes from the file)."""
+    import mmap
+
+    for m in maps:
+        raw = getattr(m, "_mmap", None)
+        if raw is not None and not raw.closed and hasattr(mmap, "MADV_DONTNEED"):
+            raw.madvise(mmap.MADV_DONTNEED)
+
+
 def missing(where, name):
     return ValueError(f"{where}: tensor {name} missing")
 
