@@ -5,6 +5,7 @@ Quick use::
     import tvm_ext
     from tvm.s_tir import meta_schedule as ms
     ms.tune_tir(mod, target, work_dir, max_trials_global=64, space=tvm_ext.space(target))
+    relax_mod = tvm_ext.ApplySchedules(target, "rule")(relax_mod)  # untuned: our rules, dlight for the rest
 
 Importing registers our rules and postprocs under their own names (``tvm_ext.schedule_rule.<Name>``,
 ``tvm_ext.postproc.<Name>``) and changes nothing else.  ``tvm_ext.install()`` (or building a rule
