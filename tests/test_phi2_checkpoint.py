@@ -169,6 +169,8 @@ def test_bad_checkpoints_say_what_in_one_line(tmp_path, capsys, hf_dir):
     assert "no tokenizer" in _one_line(capsys, ["--model", str(notok), "--prompt-text", "hi"])
     assert "--prompt-text needs --model" in _one_line(capsys, ["--prompt-text", "hi"])
     assert "--model generates from --prompt-text" in _one_line(capsys, ["--model", str(notok)])
+    assert "--model runs on this host's CPU" in _one_line(capsys, ["--model", str(d), "--prompt-text", "hi",
+                                                                    "--target", "cuda"])
 
 
 def test_without_the_models_extra_says_how_to_install(hf_dir, tmp_path, monkeypatch, capsys):

@@ -43,6 +43,9 @@ def run_model(args) -> int:
     if args.prompt or args.peers or args.tune or args.context:
         raise ValueError("with --model, generate takes --prompt-text, --tokens, --weights, --layers, --schedule, "
                          "--threads (not --prompt, --context, --peers or --tune: those are the benchmark's)")
+    if args.target != "llvm" or args.build_only:
+        raise ValueError("--model runs on this host's CPU (--target llvm) for now; on a GPU generate benchmarks "
+                         "random weights")
     how = args.schedule or "dlight"
     if how not in MODEL_SCHEDULES:
         raise ValueError(f"with --model, --schedule takes one of {', '.join(MODEL_SCHEDULES)}, not {how!r}")
