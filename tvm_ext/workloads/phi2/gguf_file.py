@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tensors import check_shape, import_optional, missing, pack_nibbles, release, shape_of
+from .tensors import check_shape, import_optional, missing, release, shape_of
 
 ARCH = "phi2"
 PER_LAYER = {"ln_g": ("attn_norm.weight",), "ln_b": ("attn_norm.bias",), "dense": ("attn_output.weight",),
@@ -24,12 +24,18 @@ QK = 32  # Q4_0 block
 
 
 def q4_0_to_q4(blocks, rows, k):
-    """Q4_0 bytes (rows, k/32*18) -> our (packed (rows, k/8) uint32, scale (rows, k/32) fp16), exactly."""
+    """Q4_0 bytes (rows, k/32*18) -> our (packed (rows, k/8) uint32, scale (rows, k/32) fp16), exactly: per
+    block, the low nibbles (elements 0-15) then the high ones (16-31) paired two a byte, both nibbles of a byte
+    inverted at once (``^ 0xFF``: 15 - q), four bytes a little-endian word."""
     b = np.asarray(blocks, dtype=np.uint8).reshape(rows, k // QK, 18)
-    d = b[..., :2].copy().view(np.float16).reshape(rows, k // QK)
+    d = np.ascontiguousarray(b[..., :2]).view(np.float16)[..., 0]
     qs = b[..., 2:]
-    q = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(rows, k)  # element j, then j + 16, per block
-    return pack_nibbles(15 - q), -d
+    lo, hi = qs & np.uint8(15), qs >> np.uint8(4)
+    out = np.empty((rows, k // QK, 16), np.uint8)
+    out[..., :8] = lo[..., 0::2] | (lo[..., 1::2] << np.uint8(4))
+    out[..., 8:] = hi[..., 0::2] | (hi[..., 1::2] << np.uint8(4))
+    out ^= np.uint8(0xFF)
+    return out.reshape(rows, k // 2).view("<u4"), -d
 
 
 class GGUFReader:
