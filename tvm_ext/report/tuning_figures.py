@@ -27,6 +27,8 @@ def tuning_figures(history, summary: dict, picks_file: dict | None) -> list:
 
 
 def estimate_figure(history) -> Drawn | None:
+    from matplotlib.ticker import MaxNLocator
+
     ks, est = history.estimate_by_trials()
     if not ks:
         return None
@@ -36,6 +38,7 @@ def estimate_figure(history) -> Drawn | None:
     ax = axes[0]
     ax.plot(ks, [e / 1e3 for e in est], marker="o", color=OURS, label="estimate")
     ax.set_xlabel("trials per task (each task's best of its first k records)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("network estimate (ms)")
     ax.set_title(f"{est[0] / 1e3:.3f} ms after 1 trial per task \u2192 {est[-1] / 1e3:.3f} ms after {ks[-1]}")
     ax.set_ylim(bottom=0)
