@@ -20,7 +20,7 @@ from tvm_ext.bundle.tolerance import check_output
 
 
 def check_rehearsal(out: dict) -> None:
-    assert out["exit"] == 0, out["stderr"]
+    assert out["exit"] == 0, out["stderr"]  # (a runner that cannot start: its first row says why)
     assert out["tvm_libraries"] == ["tvm_runtime"]  # the compiler library was never loaded
     assert out["snapshots_lost"] == 0 and out["duplicates"] == 0  # a kill loses and repeats nothing
     assert not out["missing"], out["missing"]
@@ -42,8 +42,10 @@ def test_rehearsal_resnet_s8_and_phi2_reduced(tmp_path):
     """Four ResNet-50 (s8) tasks at 32x32, every reduced Phi-2 kernel, three rule sets, five kills; under
     Python 3.12 from wheels where ``TVM_EXT_WHEELS312`` names a folder holding them."""
     wheels, python = os.environ.get("TVM_EXT_WHEELS312"), sys.executable
-    if wheels:
-        python = shutil.which("python3.12") or pytest.fail("TVM_EXT_WHEELS312 set but no python3.12")
+    if wheels:  # TVM_EXT_PYTHON312: the interpreter (a pyenv shim of an inactive version does not run)
+        python = os.environ.get("TVM_EXT_PYTHON312") or shutil.which("python3.12")
+        if not python or subprocess.run([python, "-c", "pass"]).returncode != 0:
+            pytest.fail("TVM_EXT_WHEELS312 is set but no runnable python3.12 (set TVM_EXT_PYTHON312)")
     out = rehearse.rehearse(str(tmp_path / "b"), resnet={"workload": "resnet50-int8-s8", "batch": 1, "image": 32},
                             phi2={"config": "reduced", "context": 16}, rulesets=("plugin", "no-inline-const",
                                                                                   "upstream"),

@@ -3,7 +3,6 @@
 is built for a GPU target (issue 50's two Phi-2 bench defects)."""
 import numpy as np
 import pytest
-import tvm
 from tvm import te
 
 from tvm_ext.bench.phi2 import measure as pm_measure

@@ -31,9 +31,12 @@ stage)  # call 1 of the AMX sequence (README): stage TVM's compiler parts (carry
   [ "${1:-}" = "--dry-run" ] && export LENT_DRY=1
   OUT=${OUT:-$(mktemp -d)}; source tools/lent-machine/setup.sh; echo "stage: done"
   ;;
-rehearse)
-  TVM_EXT_WHEELS312=${TVM_EXT_WHEELS312:-$PWD/.bundle/wheels312} python -m pytest -q -n 0 -s -m slow \
-    tests/test_bundle.py -o addopts=''
+rehearse)  # TVM_EXT_PYTHON312: a Python 3.12 interpreter (default: python3.12 on PATH)
+  W=${TVM_EXT_WHEELS312:-$PWD/.bundle/wheels312}
+  [ -d "$W" ] || { python -c "from tvm_ext.bundle.runtime import download_wheels; download_wheels('$W')" \
+    && python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+       --platform manylinux_2_17_x86_64 -d "$W" "numpy<2.3"; } || exit 1
+  TVM_EXT_WHEELS312=$W python -m pytest -q -n 0 -s -m slow tests/test_bundle.py -o addopts=''
   ;;
 run)
   export PYTHONUNBUFFERED=1

@@ -9,7 +9,10 @@ there with ``OUT`` set to an empty folder and ``LENT_ROOT`` to one directory sha
 
     python tools/lent-machine/rehearse.py \\
         --call .lent  "bash tools/lent-machine/cuda-seeds.sh stage --dry-run" \\
-        --call .lent2 "bash tools/lent-machine/cuda-seeds.sh run --dry-run"
+        --call .lent2 "LENT_DRY=1 source tools/lent-machine/setup.sh"
+
+(the CUDA seed experiments no longer stage TVM's compiler: their bundle is rehearsed by
+``tests/test_bundle.py``, see cuda-seeds.sh)
 
 CARRY is a comma-separated list of ignored paths ('' for none).
 """

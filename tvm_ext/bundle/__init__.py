@@ -31,16 +31,19 @@ PEERS = ({"id": "peer/torch-resnet50", "peer": "resnet50", "experiment": "resnet
 
 def build(out_dir: str, target="cuda-sm90", *, resnet: dict | None = RESNET, phi2: dict | None = PHI2,
           rulesets=RULESETS, candidates: int | None = None, budget_s: float = 600.0, margin: float = 0.2,
-          tasks: int | None = None, kernels: int | None = None, peers=PEERS, log=print) -> dict:
+          tasks: int | None = None, kernels: int | None = None, peers=PEERS, plan_only: bool = False,
+          log=print) -> dict:
     """Build a bundle into ``out_dir`` (``out_dir/bundle.tar.xz`` is what travels; ``host/`` stays).
 
     ``resnet``: {"workload", "batch", "image"} or None; ``phi2``: {"config", "context"} or None;
     ``candidates``: per task and rule set, or None to size them so that the time model's estimate is
     ``(1 - margin) * budget_s`` (one device command's limit); ``tasks`` / ``kernels``: only the first
-    that many (tests); ``peers``: the PyTorch rows (``torch_peers``), a dict each."""
+    that many (tests); ``peers``: the PyTorch rows (``torch_peers``), a dict each; ``plan_only``: sample and
+    build nothing, return the manifest of nominal items (``assemble.nominal_items``) and its time model."""
     from tvm_ext.bundle import assemble as B
     from tvm_ext.bundle import jobs as J
     from tvm_ext.bundle import plan as P
+    from tvm_ext.bundle.sources import is_gpu as sources_is_gpu
     from tvm_ext.targets import resolve_target
 
     target = resolve_target(target)
@@ -60,17 +63,32 @@ def build(out_dir: str, target="cuda-sm90", *, resnet: dict | None = RESNET, phi
         raise ValueError("nothing to build: give --resnet and/or --phi2")
     peers = [dict(p) for p in peers if (resnet and p["experiment"] == resnet["workload"])
              or (phi2 and p["experiment"] == "phi2-decode")]
+    index = {id(j): i for i, j in enumerate(all_jobs)}
+    tunable_at = {index[id(j)]: sets for j, sets in tunable}
+    device = "cuda" if sources_is_gpu(target) else "cpu"
     if candidates is None:
-        fixed = P.STARTUP_S + P.BANDWIDTH_ITEM_S + sum(P.PEER_S.get(p["peer"], 60.0) for p in peers)
-        fixed += sum(len(j.variants) for j in all_jobs) * 0.3
-        per = P.item_seconds({"bytes": 0, "out_bytes": 0}, False, False)
-        candidates = P.candidates_for((1 - margin) * budget_s, sum(len(r) for _, r in tunable), 1, per, fixed)
+        candidates = fit_candidates(all_jobs, tunable_at, peers, device, (1 - margin) * budget_s)
         log(f"time model: {candidates} candidates per task and rule set fit {(1 - margin) * budget_s:.0f} s")
+    if plan_only:
+        manifest = P.order(B.nominal_items(all_jobs, tunable_at, candidates), peers, device)
+        return {"manifest": manifest, "candidates": candidates, "estimate": P.estimate(manifest, budget_s)}
     for job, sets in tunable:
         J.extend(job, target, sets, candidates, log=log)
     os.makedirs(out_dir, exist_ok=True)
     return B.build_bundle(out_dir, all_jobs, target, peers=peers, budget_s=budget_s, rulesets=rulesets,
                           options=options, log=log)
+
+
+def fit_candidates(jobs: list, tunable_at: dict, peers: list, device: str, limit_s: float, most: int = 200) -> int:
+    """The most candidates per task and rule set whose bundle the time model prices at ``limit_s`` or less
+    (every item priced as ``plan.order`` prices it: its task's bytes, the timer's floor, the peers)."""
+    from tvm_ext.bundle import assemble as B
+    from tvm_ext.bundle import plan as P
+
+    n = 0
+    while n < most and P.order(B.nominal_items(jobs, tunable_at, n + 1), peers, device)["estimate_s"] <= limit_s:
+        n += 1
+    return n
 
 
 def run(bundle_dir: str, results: str, deadline: float = 540.0, log=print) -> int:

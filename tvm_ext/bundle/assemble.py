@@ -147,6 +147,27 @@ def write_job(job: J.Job, index: int, target, ship: str, host: str, log=print) -
     return items
 
 
+def nominal_items(jobs: list, tunable: list, n: int) -> list:
+    """Manifest items without building anything: each job's untuned rows and ``n`` nominal candidates per
+    tunable job and rule set ({job: rulesets}), each priced by its task's bytes (``plan_only`` builds: the
+    time model of a full-size bundle in seconds instead of the hours its sampling takes on 2 cores)."""
+    items = []
+    for index, job in enumerate(jobs):
+        in_bytes = sum(int(np.prod(p["shape"])) * np.dtype(p["dtype"]).itemsize for p in job.params)
+        last = job.mod["main"].params[-1]
+        out_bytes = int(np.prod([int(x) for x in last.shape])) * np.dtype(str(last.dtype)).itemsize
+        base = {"kind": "kernel", "lib": f"libs/{index:03d}.so", "experiment": job.experiment, "group": job.group,
+                "task": job.name, "task_index": index, "weight": job.weight, "bytes": in_bytes,
+                "out_bytes": out_bytes, "parts": job.parts}
+        for v in job.variants:
+            items.append(dict(base, id=f"{job.group}/{job.name}/{v.label}", label=v.label, ruleset="", rank=0))
+        for ruleset in tunable.get(index, ()):
+            for i in range(n):
+                items.append(dict(base, id=f"{job.group}/{job.name}/{ruleset}_c{i}", label=f"{ruleset}_c{i}",
+                                  ruleset=ruleset, rank=i + 1))
+    return items
+
+
 def build_bundle(out_dir: str, jobs: list, target, *, peers: list = (), budget_s: float = 540.0,
                  rulesets: list = (), options: dict | None = None, log=print) -> dict:
     """Build ``jobs`` (``bundle.jobs``) for ``target`` into ``out_dir`` (ship/ + host/), order the items
@@ -170,7 +191,8 @@ def build_bundle(out_dir: str, jobs: list, target, *, peers: list = (), budget_s
     for name in SHIPPED:
         shutil.copy(os.path.join(here, name), os.path.join(ship, name))
     if peers:
-        shutil.copy(os.path.join(os.path.dirname(here), "bench", "torch_peers.py"), os.path.join(ship, "torch_peers.py"))
+        peers_py = os.path.join(os.path.dirname(here), "bench", "torch_peers.py")
+        shutil.copy(peers_py, os.path.join(ship, "torch_peers.py"))
     device = "cuda" if sources.is_gpu(target) else "cpu"
     manifest = P.order(items, list(peers), device)
     manifest.update(name=os.path.basename(os.path.abspath(out_dir)), device=device, target=str(target.kind.name),
@@ -186,7 +208,8 @@ def build_bundle(out_dir: str, jobs: list, target, *, peers: list = (), budget_s
     summary = {"items": len(manifest["items"]), "libraries": len(jobs), "archive_bytes": size,
                "build_s": round(time.time() - start, 1), "estimate_s": manifest["estimate_s"]}
     log(f"bundle {out_dir}: {summary['items']} items in {len(jobs)} libraries, archive "
-        f"{size / 2**20:.1f} MiB, built in {summary['build_s']:.0f} s, estimated {manifest['estimate_s']:.0f} s on the device")
+        f"{size / 2**20:.1f} MiB, built in {summary['build_s']:.0f} s, "
+        f"estimated {manifest['estimate_s']:.0f} s on the device")
     return summary
 
 

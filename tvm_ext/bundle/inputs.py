@@ -7,8 +7,9 @@ between NumPy versions (NEP 19 pins only the bit generators), so the values come
 the element index, written out here in uint64 arithmetic.
 
 A spec is a list of parameters ``{"shape", "dtype", "range": [lo, hi]}`` (or ``"file"``: a small constant
-that travels) and a ``seed``; parameter ``i`` draws from ``seed * 1000003 + i``.  Integers are uniform in the inclusive range (lo + u mod (hi-lo+1));
-floats uniform in [lo, hi) from the top 53 bits, then rounded to the dtype.
+that travels) and a ``seed``; parameter ``i`` draws from ``seed * 1000003 + i``.  Integers are uniform in
+the inclusive range (lo + u mod (hi-lo+1)); floats uniform in [lo, hi) from the top 53 bits, then rounded
+to the dtype.
 """
 from __future__ import annotations
 

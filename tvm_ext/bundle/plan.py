@@ -109,9 +109,3 @@ def table(est: dict) -> str:
     lines.append(f"one command's limit {est['limit_s']:.0f} s: margin {100 * est['margin']:.0f} %"
                  + ("" if est["margin"] >= 0.2 else "  (UNDER the 20 % asked)"))
     return "\n".join(lines)
-
-
-def candidates_for(budget_s: float, tasks: int, rulesets: int, per_item_s: float, fixed_s: float) -> int:
-    """Candidates per task and rule set that fit ``budget_s`` (the time model's per-candidate price)."""
-    room = budget_s - fixed_s
-    return max(0, int(room / (per_item_s * max(1, tasks * rulesets))))

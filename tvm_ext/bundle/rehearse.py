@@ -58,6 +58,8 @@ def kill_test(cmd: list, env: dict, results: str, kills: int, items: int, seed: 
         snapshots.append(complete_lines(results))
         log(f"kill {k + 1}/{kills}: {len(snapshots[-1])} lines written so far")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 and os.path.exists(results):
+        done.stderr += "\n" + "".join(line.decode() + "\n" for line in complete_lines(results)[:1])
     final = complete_lines(results)
     lost = sum(1 for snap in snapshots if final[:len(snap)] != snap)
     rows = [json.loads(line) for line in final]
@@ -104,8 +106,10 @@ def rehearse(out_dir: str, *, resnet=None, phi2=None, rulesets=("plugin", "upstr
     results_by_id = {r["id"]: r for r in rows if "id" in r and r.get("kind") != "attempt"}
     missing = [i["id"] for i in manifest["items"] if i["id"] not in results_by_id]
     failed = {k: r.get("error") or r.get("check") for k, r in results_by_id.items() if not r.get("ok")}
-    first = bundle.import_results(results, out_dir, os.path.join(work, "work"), log=log)
-    second = bundle.import_results(results, out_dir, os.path.join(work, "work"), log=log)
+    first = second = None
+    if killed["exit"] == 0:
+        first = bundle.import_results(results, out_dir, os.path.join(work, "work"), log=log)
+        second = bundle.import_results(results, out_dir, os.path.join(work, "work"), log=log)
     return dict(summary, **killed, python=device.get("python"), tvm_libraries=device.get("tvm_libraries"),
                 items=len(manifest["items"]), missing=missing, failed=failed, imported=first,
                 imported_again=second, results=results, seconds=round(time.time() - start, 1))

@@ -3,7 +3,8 @@
 What the runner needs of the ``apache-tvm`` wheel: the ``tvm`` Python package with ``libtvm_runtime.so``
 and the CUDA sidecar ``libtvm_runtime_cuda.so`` (plus ``libtvm_runtime_extra.so``), and ``tvm_ffi``;
 not ``libtvm_compiler.so`` (259 MB), nor the headers, sources and third-party trees (``tvm/include``,
-``tvm/src``, ``tvm/3rdparty``).  With ``TVM_USE_RUNTIME_LIB=1`` (the runner sets it) ``import tvm``
+``tvm/src``, ``tvm/3rdparty``); tvm-ffi needs ``typing_extensions``, which travels too (a Python 3.12
+with only NumPy failed without it in the rehearsal).  With ``TVM_USE_RUNTIME_LIB=1`` (the runner sets it) ``import tvm``
 loads only the runtime library.  ``RUNTIME_DROP`` says what is left out.
 
 ``runtime_site(dest)``: that subset of the TVM installed here (this Python's; the rehearsal).
@@ -31,11 +32,20 @@ def _kept(name: str) -> bool:
     return not any(d in name or name.startswith(d) for d in RUNTIME_DROP)
 
 
+def _typing_extensions(dest: str) -> None:
+    """tvm-ffi imports ``typing_extensions`` (one pure-Python file), which a bare Python lacks: it travels."""
+    import typing_extensions
+
+    os.makedirs(dest, exist_ok=True)
+    shutil.copy2(typing_extensions.__file__, os.path.join(dest, "typing_extensions.py"))
+
+
 def runtime_site(dest: str) -> str:
     """Copy the installed ``tvm`` and ``tvm_ffi`` packages, runtime only, into ``dest``; returns ``dest``."""
     import tvm
     import tvm_ffi
 
+    _typing_extensions(dest)
     for package in (tvm, tvm_ffi):
         src = os.path.dirname(package.__file__)
         base = os.path.dirname(src)
@@ -63,6 +73,7 @@ def download_wheels(dest: str, python: str = "3.12") -> list:
 
 def runtime_from_wheels(wheels: list, dest: str) -> str:
     """Unpack the runtime subset of TVM's and tvm-ffi's wheels into ``dest``."""
+    _typing_extensions(dest)
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as z:
             for info in z.infolist():

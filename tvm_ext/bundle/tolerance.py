@@ -21,8 +21,11 @@ splits or factors its sums (``s * (sum x q - 7 sum x)``) carries partial sums up
 magnitude (seen on the CPU: a factored float32 GEMV at 4.1 sigma over 256 outputs).  For Phi-2's
 K = 10240 in float16 an element may be off by 20 % of the outputs' rms: a blocked or tree-shaped sum
 (what GPU schedules do) lands far inside, a wrong element (off by ~the rms) or a NaN (never passes)
-does not.  The old check, any two float16 schedules within 1e-3 of each other, fails honest kernels
-as soon as K is in the thousands.
+does not.  Plus ``FAST_MATH = 2**-16`` of the rms: schedules may evaluate exp and tanh with fast
+approximations (our CPU rules' exp; nvcc's ``--use_fast_math``), accurate to a few 1e-6: in float32 a
+tuned gelu candidate was 5.2e-6 off at K = 256 (87 float32 roundings), which no honest float32 check should
+fail; in float16 the term is 1 % of the tolerance.  The old check, any two float16 schedules within
+1e-3 of each other, fails honest kernels as soon as K is in the thousands.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import numpy as np
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 SIGMAS = 10.0
 ROUNDINGS = 4.0
+FAST_MATH = 2.0**-16
 
 
 def float_tolerance(dtype: str, k: int) -> float:
@@ -41,7 +45,7 @@ def float_tolerance(dtype: str, k: int) -> float:
     u = UNIT_ROUNDOFF.get(str(dtype))
     if u is None:
         raise ValueError(f"no float tolerance for dtype {dtype!r}")
-    return SIGMAS * u * math.sqrt(max(int(k), 1) / 6.0 + ROUNDINGS)
+    return SIGMAS * u * math.sqrt(max(int(k), 1) / 6.0 + ROUNDINGS) + FAST_MATH
 
 
 def digest(array: np.ndarray) -> str:

@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     b.add_argument("--tasks", type=int, default=None, help="only the first N network tasks (quick runs)")
     b.add_argument("--kernels", type=int, default=None, help="only the first N Phi-2 kernels a fusion mode")
     b.add_argument("--no-peers", action="store_true", help="leave the PyTorch rows out")
+    b.add_argument("--plan-only", action="store_true",
+                   help="sample and build nothing: print the time model of the full bundle (nominal counts)")
     b.set_defaults(func=run_build)
     r = verbs.add_parser("runtime", help="pack TVM's runtime alone (no 259 MB compiler) for the device's Python")
     r.add_argument("--out", default=".bundle/tvm-runtime.tar.xz", help="archive to write")
@@ -71,7 +73,13 @@ def run_build(args) -> int:
         raise ValueError("--candidates must be >= 0")
     summary = bundle.build(args.out, args.target, resnet=resnet, phi2=phi2, rulesets=args.rulesets.split(","),
                            candidates=args.candidates, budget_s=args.budget, tasks=args.tasks,
-                           kernels=args.kernels, peers=() if args.no_peers else bundle.PEERS, log=log)
+                           kernels=args.kernels, peers=() if args.no_peers else bundle.PEERS,
+                           plan_only=args.plan_only, log=log)
+    if args.plan_only:
+        print(bundle.table(summary["estimate"]))
+        print(f"{summary['candidates']} candidates per task and rule set; "
+              f"{len(summary['manifest']['items'])} items")
+        return 0
     with open(os.path.join(args.out, "ship", "manifest.json"), encoding="utf-8") as f:
         est = bundle.estimate(json.load(f), args.budget)
     print(bundle.table(est))

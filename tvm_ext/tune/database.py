@@ -330,10 +330,10 @@ def record_intrinsics(*record_paths: str) -> set:
 def register_record_intrinsics(*record_paths: str) -> None:
     """Register the tensor intrinsics that records name before a database holding them is opened (TVM
     replays each trace as it loads it, and a trace naming an unknown intrinsic does not load): ours
-    (VNNI, AMX, the q4 x int8 tiles) always; the per-shape q4 GEMV ones a record names; TVM's own (wmma, mma, dp4a: ``tvm.s_tir.tensor_intrin``,
-    imported the fast way, seconds) when a ``Tensorize`` of ``record_paths`` names one not registered
-    yet: the plugin's int8 tensor-core sketches do, and in a fresh process only ``tvm_ext.space()``
-    had imported them."""
+    (VNNI, AMX, the q4 x int8 tiles) always; the per-shape q4 GEMV ones a record names; TVM's own
+    (wmma, mma, dp4a: ``tvm.s_tir.tensor_intrin``, imported the fast way, seconds) when a ``Tensorize``
+    of ``record_paths`` names one not registered yet: the plugin's int8 tensor-core sketches do, and in
+    a fresh process only ``tvm_ext.space()`` had imported them."""
     from tvm.s_tir import TensorIntrin
 
     from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
