@@ -3,6 +3,7 @@ processes on loopback, each pinned to one core (tvm_ext.cluster.local). The data
 writes holds what a local run's holds (the same tasks, each at its budget, valid records); a node
 killed mid-run and the job completes; the driver killed and the job resumes; a node or client
 without the cluster's credentials is refused."""
+import json
 import os
 import signal
 import subprocess
@@ -96,39 +97,6 @@ def test_a_node_killed_mid_run_and_the_job_completes(cluster, client, target, tm
     assert table[1].split()[-1] == "node" and all(row.split()[-1] in ("node1", "node2") for row in table[3:6])
 
 
-class _Future:
-    def __init__(self, key):
-        self.key = key
-
-
-class _Snapshots:
-    """A client whose scheduler answers one snapshot of the nodes a call."""
-    def __init__(self, *snapshots):
-        self.snapshots = list(snapshots)
-
-    def processing(self):
-        return self.snapshots.pop(0)
-
-    def scheduler_info(self):
-        return {"workers": {"tcp://a": {"name": "node1"}, "tcp://b": {"name": "node2"}}}
-
-
-def test_the_tasks_of_a_node_that_died_are_named_from_one_snapshot():
-    from tvm_ext.cluster.tune import _watch_nodes
-    pending = {_Future("k-mm"): "mm", _Future("k-rowsum"): "rowsum"}
-    # the scheduler dropped node1 and moved its task to node2 in one step: the driver sees both at once
-    client = _Snapshots({"tcp://a": ["k-mm"], "tcp://b": ["k-rowsum"]}, {"tcp://b": ["k-rowsum", "k-mm"]})
-    lines = []
-    where, nodes = _watch_nodes(client, pending, {}, {"tcp://a": "node1", "tcp://b": "node2"}, lines.append)
-    assert (where, lines) == ({"mm": "tcp://a", "rowsum": "tcp://b"}, [])
-    where, nodes = _watch_nodes(client, pending, where, nodes, lines.append)
-    assert lines == ["node node1 left the cluster; its tasks run again on another node: mm"]
-    assert (where, nodes) == ({"mm": "tcp://b", "rowsum": "tcp://b"}, {"tcp://b": "node2"})
-    client.snapshots.append({"tcp://b": [], "tcp://a": []})  # node1 back: named by the scheduler
-    _watch_nodes(client, {}, where, nodes, lines.append)
-    assert lines[-1] == "node node1 joined the cluster"
-
-
 DRIVER = """
 import sys
 sys.path.insert(0, {tests!r})
@@ -170,16 +138,46 @@ def test_the_driver_killed_and_the_job_resumed(cluster, client, target, tmp_path
     assert f"{2 * done_before} of 6 trials already in the database" in lines[0]
 
 
-def test_a_node_or_client_without_the_credentials_is_refused(cluster, tmp_path):
-    from distributed import Client
+def _scheduler_clients(cluster) -> list:
+    with cluster.client() as c:
+        return c.run_on_scheduler(lambda dask_scheduler: sorted(str(k) for k in dask_scheduler.clients))
 
-    stranger = tls.make_credentials(str(tmp_path / "other"))  # a CA the cluster does not know
+
+def _nothing_ran(cluster) -> bool:
+    with cluster.client() as c:
+        return not c.run_on_scheduler(lambda dask_scheduler: [k for k in dask_scheduler.tasks
+                                                              if str(k).startswith("stranger-")])
+
+
+@pytest.mark.parametrize("who", ["foreign CA", "no certificate"])
+def test_the_scheduler_refuses_a_client_that_trusts_it_but_is_not_of_the_cluster(cluster, tmp_path, who):
+    """The client trusts the cluster's CA (so it accepts the scheduler): the refusal is the scheduler's."""
+    from distributed import Client, Security
+
+    ca = tls.paths(cluster.tls_dir)[0]
+    if who == "foreign CA":
+        _, cert, key = tls.paths(tls.make_credentials(str(tmp_path / "other")))
+        sec = Security(tls_ca_file=ca, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
+    else:
+        sec = Security(tls_ca_file=ca, require_encryption=True)
+    before = _scheduler_clients(cluster)
     with pytest.raises((OSError, TimeoutError)):
-        Client(cluster.address, security=tls.security(stranger), timeout=5)
-    plain = cluster.worker_command(0, with_credentials=False)
-    plain[plain.index("--death-timeout") + 1] = "5"
-    proc = subprocess.run(plain, capture_output=True, timeout=60, env={**os.environ, **cluster.worker_env(0)})
-    assert proc.returncode != 0  # it never joined
+        with Client(cluster.address, security=sec, timeout=5) as stranger:
+            stranger.submit(sum, [1, 2], key="stranger-sum").result(timeout=5)
+    assert _nothing_ran(cluster) and len(_scheduler_clients(cluster)) <= len(before) + 1  # + the one asking
+
+
+def test_a_node_with_an_expired_certificate_or_none_never_joins(cluster, tmp_path):
+    import datetime
+
+    expired = tls.issue(cluster.tls_dir, "expired", days=1,
+                        not_before=datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=30))
+    for flags in (tls.cli_flags(expired), []):
+        cmd = cluster.worker_command(0, with_credentials=False) + flags
+        cmd[cmd.index("--death-timeout") + 1] = "5"
+        cmd[cmd.index("--name") + 1] = "intruder"
+        proc = subprocess.run(cmd, capture_output=True, timeout=60, env={**os.environ, **cluster.worker_env(0)})
+        assert proc.returncode != 0  # it never joined
     with cluster.client() as c:
         assert sorted(info["name"] for info in c.scheduler_info()["workers"].values()) == ["node1", "node2"]
 
@@ -207,3 +205,177 @@ def test_an_unreachable_cluster_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cannot reach the cluster at tls://127.0.0.1:9" in err
     assert time.time() - start < 10
+
+
+# ----------------------------------------------------------------------------- nodes that match the job
+def _describe_node2_as_znver3():
+    """A node that says it is another CPU (every feature kept): a mixed cluster on one machine."""
+    from distributed import get_worker
+
+    from tvm_ext.cluster.nodes import describe_node
+
+    info = describe_node()
+    if get_worker().name == "node2":
+        info["mcpu"] = "znver3" if info["mcpu"] != "znver3" else "znver2"
+    return info
+
+
+def _forge_on_node1(job):
+    """node1 returns records it made up (a run time of zero); the others tune for real."""
+    from distributed import get_worker
+
+    from tvm_ext.cluster.tune import tune_remote
+
+    result = tune_remote(job)
+    if get_worker().name == "node1":
+        forged = [json.loads(text) for text in result["records"]]
+        for rec in forged:
+            rec[1] = [0.0]  # run_secs
+        result["records"] = [json.dumps(rec) for rec in forged]
+    return result
+
+
+def _hang_on_node1(job):
+    from distributed import get_worker
+
+    from tvm_ext.cluster.tune import tune_remote
+
+    if get_worker().name == "node1":
+        time.sleep(3600)
+    return tune_remote(job)
+
+
+@pytest.fixture
+def by_value():
+    """Test doubles defined here travel to the workers by value (tests/ is not on their path)."""
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def measured_on(work_dir) -> dict:
+    meta = tuning.read_meta(str(work_dir))
+    return {e["name"]: [(m["node"], m["mcpu"], m["records"]) for m in e.get("measured_on", [])]
+            for e in meta["tasks"]}
+
+
+def test_a_node_of_another_cpu_times_nothing_unless_allowed(cluster, client, tmp_path, by_value):
+    from tvm_ext.targets import describe_host
+
+    mcpu = describe_host()["mcpu"]
+    target = resolve_target({"kind": "llvm", "mcpu": mcpu, "num-cores": 1})
+    lines = []
+    tune_on_cluster(tiny_workload(), target, str(tmp_path / "strict"), 1, client, log=lines.append,
+                    describe=_describe_node2_as_znver3)
+    assert any(line.startswith("node node2 not used: its CPU znver") for line in lines), lines
+    assert "3 tasks to tune on 1 nodes (node1)" in lines[1]
+    assert {n for rows in measured_on(tmp_path / "strict").values() for n, _, _ in rows} == {"node1"}
+    assert tuning.read_meta(str(tmp_path / "strict"))["threads"] == 1  # the nodes' thread count, not the driver's
+    lines = []
+    tune_on_cluster(tiny_workload(), target, str(tmp_path / "mixed"), 1, client, log=lines.append,
+                    describe=_describe_node2_as_znver3, allow_mixed_cpus=True)
+    rows = [r for rows in measured_on(tmp_path / "mixed").values() for r in rows]
+    other = "znver3" if mcpu != "znver3" else "znver2"
+    assert {(n, c) for n, c, _ in rows} == {("node1", mcpu), ("node2", other)}  # which records came from where
+
+
+def test_a_cuda_target_without_gpu_nodes_is_refused_before_any_work(client, tmp_path):
+    target = resolve_target("cuda-sm90")
+    with pytest.raises(ValueError, match="no node of the cluster can tune this target: 2 refused .*has no GPU"):
+        tune_on_cluster(tiny_workload(), target, str(tmp_path / "wd"), 1, client, log=lambda _: None)
+    assert not os.path.exists(tmp_path / "wd")
+
+
+def test_a_forged_result_commits_nothing_and_the_task_completes_elsewhere(cluster, client, target, tmp_path,
+                                                                         by_value):
+    lines = []
+    tune_on_cluster(tiny_workload(), target, str(tmp_path / "wd"), TRIALS, client, log=lines.append,
+                    remote=_forge_on_node1)
+    refused = [line for line in lines if "result refused, nothing committed" in line]
+    assert refused and all(" on node1: " in line and "not finite and positive" in line for line in refused), lines
+    assert set(trials_per_task(tmp_path / "wd").values()) == {TRIALS}
+    assert {n for rows in measured_on(tmp_path / "wd").values() for n, _, _ in rows} == {"node2"}
+    db = tuning.check_database(str(tmp_path / "wd"))
+    assert db.records == 3 * TRIALS
+
+
+@pytest.mark.slow  # ~40 s: waits out a task's deadline
+def test_a_hung_task_runs_again_after_its_deadline(cluster, client, target, tmp_path, by_value):
+    lines = []
+    try:
+        tune_on_cluster(tiny_workload(), target, str(tmp_path / "wd"), 1, client, log=lines.append,
+                        remote=_hang_on_node1, task_deadline_s=25, poll_s=0.2)
+    finally:
+        cluster.kill_worker(0)  # its thread still sleeps
+        cluster.workers[0] = cluster.start_worker(0)
+        cluster.wait_for_workers(2)
+    assert any("on node1: no result after 25 s (the task's deadline); cancelled" in line for line in lines), lines
+    assert set(trials_per_task(tmp_path / "wd").values()) == {1}
+
+
+def test_a_second_driver_on_the_same_work_dir_is_one_line(client, target, tmp_path):
+    from tvm_ext.tune.lock import WorkDirBusy, driver_lock
+
+    work_dir = str(tmp_path / "wd")
+    tuning.tune(tiny_workload(), target, work_dir, 1, log=lambda _: None)  # the work dir exists
+    with driver_lock(work_dir):
+        with pytest.raises(WorkDirBusy, match="another tvm-ext tune is tuning into it"):
+            tune_on_cluster(tiny_workload(), target, work_dir, 2, client, log=lambda _: None)
+        with pytest.raises(WorkDirBusy):
+            tuning.tune(tiny_workload(), target, work_dir, 2, log=lambda _: None)
+    assert set(trials_per_task(work_dir).values()) == {1}  # neither committed anything
+
+
+@pytest.mark.slow  # ~30 s: a scheduler and a worker started as a user would, then a CLI tune through them
+def test_the_dask_command_lines_of_the_help_text_run_a_tune(tmp_path, capsys):
+    """``dask scheduler`` / ``dask worker`` as ``tvm-ext cluster --help`` prints them, then ``tvm-ext tune``."""
+    import shutil
+
+    dask = shutil.which("dask")
+    assert dask, "the [cluster] extra installs the dask command"
+    creds = str(tmp_path / "c")
+    assert main(["cluster", "credentials", creds]) == 0
+    assert main(["cluster", "credentials", creds, "--node", "gpu-a"]) == 0
+
+    def flags(folder):  # the help text's f()
+        return ["--tls-ca-file", f"{folder}/ca.pem", "--tls-cert", f"{folder}/cert.pem", "--tls-key",
+                f"{folder}/key.pem"]
+
+    sched_file = str(tmp_path / "scheduler.json")
+    procs = [subprocess.Popen([dask, "scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", "0",
+                               "--no-dashboard", "--scheduler-file", sched_file, *flags(f"{creds}/scheduler")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    try:
+        deadline = time.time() + 60
+        while not os.path.exists(sched_file) and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)
+        address = json.loads(Path(sched_file).read_text())["address"]
+        env = {**os.environ, "TVM_NUM_THREADS": "1", "TVM_EXT_BUILD_WORKERS": "1"}
+        procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "1", "--no-dashboard", "--name",
+                                       "gpu-a", "--host", "127.0.0.1", *flags(f"{creds}/gpu-a")], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        with Client_of(address, creds) as c:
+            c.wait_for_workers(1, timeout=60)
+        code = main(["tune", "conv2d-int8", "--image", "8", "--trials", "1", "--cluster", address,
+                     "--cluster-credentials", creds, "--work-dir", str(tmp_path / "wd"),
+                     "--target", '{"kind": "llvm", "num-cores": 1}', "--json"])
+        out = capsys.readouterr()
+        assert code == 0, out.err[-800:]
+        result = json.loads(out.out)
+        assert result["tasks"] and all(t["trials"] == 1 and t["node"] == "gpu-a" for t in result["tasks"])
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def Client_of(address, creds):  # noqa: N802 -- reads as a constructor
+    from distributed import Client
+
+    return Client(address, security=tls.security(creds), timeout=30)

@@ -53,6 +53,8 @@ _LLVM_TO_CPUINFO = {
     "amx-int8": "amx_int8",
     "amx-bf16": "amx_bf16",
 }
+# the instruction-set features whose absence makes code fail (LLVM's other "features" tune it: slow-3ops-lea)
+ISA_FEATURES = frozenset(_LLVM_TO_CPUINFO)
 
 TargetSpec = Union[str, dict, Target]
 

@@ -4,14 +4,19 @@ from __future__ import annotations
 from tvm_ext.cli.common import log
 
 HOW = """A tuning cluster is Dask-distributed: one scheduler, any number of worker nodes, each with
-tvm_ext installed (pip install -e '.[cluster]'), all presenting the same TLS credentials:
+tvm_ext installed (pip install -e '.[cluster]'), each presenting a certificate of the cluster's CA:
 
-  tvm-ext cluster credentials ~/.tvm_ext/cluster          # once; copy the folder to every node
-  C=~/.tvm_ext/cluster; F="--tls-ca-file $C/ca.pem --tls-cert $C/node.pem --tls-key $C/node-key.pem"
-  dask scheduler --protocol tls --host HEAD_IP --no-dashboard $F                # head node
-  dask worker tls://HEAD_IP:8786 --nthreads 1 --no-dashboard --name gpu-a $F    # each node
+  C=~/.tvm_ext/cluster
+  tvm-ext cluster credentials $C                 # once: the CA (its key stays here), scheduler/, client/
+  tvm-ext cluster credentials $C --node gpu-a    # per node: copy only the folder $C/gpu-a to it
+  f() { echo "--tls-ca-file $1/ca.pem --tls-cert $1/cert.pem --tls-key $1/key.pem"; }
+  dask scheduler --protocol tls --host HEAD_IP --no-dashboard $(f $C/scheduler)         # head node
+  dask worker tls://HEAD_IP:8786 --nthreads 1 --no-dashboard --name gpu-a $(f gpu-a)   # on node gpu-a
   tvm-ext tune resnet50-int8 --cluster tls://HEAD_IP:8786 --cluster-credentials $C
 
+The driver asks every node its CPU, cores and GPU first and sends a task only to nodes that can run
+the target (their CPU the target's unless --allow-mixed-cpus), one task per node at a time, timed on
+the target's num-cores threads; what comes back is checked before it is committed.
 Bind the scheduler to a private interface: a cluster runs whatever code reaches it."""
 
 
@@ -20,9 +25,12 @@ def add_parser(sub) -> None:
                        description=HOW, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
-    c = verbs.add_parser("credentials", help="write a CA and the certificate every node presents into DIR")
+    c = verbs.add_parser("credentials", help="make the cluster's CA in DIR (with scheduler/ and client/), or with "
+                                            "--node NAME a node's certificate signed by it")
     c.add_argument("dir", metavar="DIR")
-    c.add_argument("--days", type=int, default=30, help="validity (default 30 days)")
+    c.add_argument("--node", default=None, metavar="NAME",
+                   help="issue DIR/NAME/ (ca.pem, cert.pem, key.pem) for one worker node, signed by DIR's CA")
+    c.add_argument("--days", type=int, default=365, help="validity (default 365 days)")
     loc = verbs.add_parser("local", help="run a scheduler and N worker nodes on this machine until Ctrl-C")
     loc.add_argument("--workers", type=int, default=2, help="worker nodes, each pinned to one core (default 2)")
     loc.add_argument("--credentials", default=None, metavar="DIR",
@@ -59,11 +67,18 @@ def connect(address: str, credentials: str | None):
 def run(args) -> int:
     import time
 
-    from tvm_ext.cluster.tls import make_credentials
+    from tvm_ext.cluster.tls import issue, make_credentials
 
     if args.verb == "credentials":
-        make_credentials(args.dir, days=args.days)
-        log(f"wrote {args.dir}/ca.pem, node.pem, node-key.pem (mode 0600): copy the folder to every node")
+        if args.days < 1:
+            raise ValueError(f"--days must be at least 1, not {args.days}")
+        if args.node:
+            folder = issue(args.dir, args.node, days=args.days)
+            log(f"wrote {folder}/ (ca.pem, cert.pem, key.pem mode 0600): copy the folder to node {args.node}")
+        else:
+            make_credentials(args.dir, days=args.days)
+            log(f"wrote the CA in {args.dir} (ca-key.pem, mode 0600, stays here), {args.dir}/scheduler/ and "
+                f"{args.dir}/client/; add each worker with --node NAME and copy the folder to it")
         return 0
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")

@@ -39,6 +39,12 @@ def add_parser(sub) -> None:
     p.add_argument("--cluster-credentials", default=os.environ.get("TVM_EXT_CLUSTER_CREDENTIALS"), metavar="DIR",
                    help="the cluster's TLS credentials ('tvm-ext cluster credentials DIR'; default "
                         "$TVM_EXT_CLUSTER_CREDENTIALS)")
+    p.add_argument("--allow-mixed-cpus", action="store_true",
+                   help="with --cluster: also time on nodes whose CPU is not the target's mcpu (by default they "
+                        "are refused: their timings would be taken as this CPU's); each record's node is kept")
+    p.add_argument("--task-deadline", type=float, default=None, metavar="SECONDS",
+                   help="with --cluster: a task with no result after this long is cancelled and tuned on another "
+                        "node (default 300 s + 60 s per trial)")
     p.add_argument("--build-only", action="store_true",
                    help="no device needed: generate, postprocess and compile candidates (nvcc for "
                         "cuda) and report kernels of the best-by-cost-model candidate per task")
@@ -115,7 +121,8 @@ def run(args) -> int:
 
                 result = tune_on_cluster(workload, target, work_dir, args.trials, client, args.ruleset,
                                          rpc=(args.rpc_tracker, args.rpc_key), log=log, per_iter=args.per_iter,
-                                         should_stop=interrupted)
+                                         should_stop=interrupted, allow_mixed_cpus=args.allow_mixed_cpus,
+                                         task_deadline_s=args.task_deadline)
             else:
                 result = tuning.tune(workload, target, work_dir, args.trials, args.ruleset, runner,
                                      log=log, per_iter=args.per_iter, should_stop=interrupted,

@@ -48,7 +48,8 @@ class LocalCluster:
         sched_file = os.path.join(self._tmp, "scheduler.json")
         self.scheduler = self._spawn(
             [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
-             "--protocol", "tls", "--no-dashboard", "--scheduler-file", sched_file, *tls.cli_flags(self.tls_dir)],
+             "--protocol", "tls", "--no-dashboard", "--scheduler-file", sched_file,
+             *tls.cli_flags(self.tls_dir, "scheduler")],
             "scheduler.log")
         deadline = time.time() + timeout
         while not os.path.exists(sched_file):
@@ -65,9 +66,14 @@ class LocalCluster:
         self.log(f"local cluster at {self.address}: {self.n} nodes, cores {self.cores}")
         return self
 
+    def node_credentials(self, k: int) -> str:
+        """Node k+1's certificate folder (issued by the cluster's CA the first time it is asked for)."""
+        folder = os.path.join(self.tls_dir, f"node{k + 1}")
+        return folder if os.path.isfile(os.path.join(folder, tls.CERT)) else tls.issue(self.tls_dir, f"node{k + 1}")
+
     def worker_command(self, k: int, with_credentials: bool = True) -> list[str]:
         taskset = ["taskset", "-c", ",".join(map(str, self.cores[k]))] if shutil.which("taskset") else []
-        flags = tls.cli_flags(self.tls_dir) if with_credentials else []
+        flags = tls.cli_flags(self.node_credentials(k)) if with_credentials else []
         return [*taskset, sys.executable, "-m", "distributed.cli.dask_worker", self.address, "--name", f"node{k + 1}",
                 "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard", "--death-timeout", "30",
                 *flags]

@@ -8,17 +8,19 @@ out single builds would ship every candidate's module and keep every search seri
 On 2 single-core nodes that gave 1.83x one node's speed (docs/journal.md, the cluster section,
 with the model for more nodes and what a 100-node job would need).
 
-The driver (``tune_on_cluster``) extracts the tasks, keeps the work dir's one JSONDatabase, and
-submits every task below its budget -- its module, the records it already has, the trials left --
-largest first. A worker (``tune_remote``) tunes it into a private database with the stack's
-``tune_task`` (its own builder pool sized to its cores, LocalRunner on CPU targets, the RPC
-runner through a tracker for devices elsewhere) and returns only the new records. The driver
-commits them as each task finishes (one appended line per record: whole or absent), with the node
-and seconds in ``tvm_ext.json``. A node that dies: Dask runs its task again on another node, and
-the driver says so; the records of a task in flight are what is lost. The driver killed: the
-finished tasks' records are in the database, and the same command resumes the others. No task
-ends above its budget: the trials left are counted from the database at submission and a worker
-returns at most that many records.
+The driver (``tune_on_cluster``) asks every node what it is and keeps those that may tune the
+target (``nodes``), extracts the tasks, keeps the work dir's one JSONDatabase (one driver per work
+dir: ``tvm_ext.tune.lock``), and places every task below its budget -- its module, the records it
+already has, the trials left -- largest first, one per node (``dispatch``). A worker
+(``tune_remote``) tunes it into a private database with the stack's ``tune_task`` (its own builder
+pool sized to its cores, kernels timed on the target's ``num-cores`` threads, LocalRunner on CPU
+targets, the RPC runner through a tracker for devices elsewhere) and returns the new records. The
+driver checks them (``checks``) and commits them only if all hold (one appended line per record:
+whole or absent), with the node, its CPU and seconds in ``tvm_ext.json``. A node that dies, errs,
+sends a refused result or misses the task's deadline: the task runs again on another node. The
+driver killed: the finished tasks' records are in the database, and the same command resumes the
+others. No task ends above its budget: the trials left are counted at submission and a result
+with more records is refused.
 """
 from __future__ import annotations
 
@@ -30,10 +32,14 @@ from typing import Callable
 import tvm
 import tvm_ffi
 
+from tvm_ext.cluster.checks import BadResult, checked_records
+from tvm_ext.cluster.dispatch import Dispatcher, _last_line
+from tvm_ext.cluster.nodes import describe_node, none_can, target_needs
 from tvm_ext.targets import target_to_json
-from tvm_ext.tune.database import (RECORDS, best_record, open_database, prepare_work_dir, record_seconds,
-                                   record_lines, records_of)
+from tvm_ext.tune.database import (RECORDS, best_record, open_database, prepare_work_dir, read_meta,
+                                   record_lines, record_seconds, records_of, write_meta)
 from tvm_ext.tune.driver import _duration, add_tuning_seconds, extract_tasks, report, save_tasks
+from tvm_ext.tune.lock import driver_lock
 from tvm_ext.tune.search import TuningInterrupted
 
 
@@ -48,8 +54,9 @@ def _job(task, index: int, target, ruleset: str, trials_left: int, records: list
 
 
 def tune_remote(job: dict) -> dict:
-    """On a worker: tune one task ``job`` (see ``_job``) in a private database; returns
-    {"name", "node", "seconds", "records": [record JSON of the new records], "error"}."""
+    """On a worker: tune one task ``job`` (see ``_job``) in a private database, its kernels timed on
+    the target's ``num-cores`` threads; returns {"name", "node", "cpu", "target", "seconds",
+    "records": [record JSON of the new records], "error"}."""
     import socket
     import tempfile
 
@@ -68,7 +75,13 @@ def tune_remote(job: dict) -> dict:
                            "pass --rpc-tracker")
     register_record_intrinsics()
     mod = tvm.ir.load_json(job["mod"])
-    os.environ.setdefault("TVM_EXT_BUILD_WORKERS", str(len(os.sched_getaffinity(0))))  # this node's cores
+    cores = len(os.sched_getaffinity(0))
+    threads = int(target.attrs["num-cores"]) if target.kind.name == "llvm" and "num-cores" in target.attrs else None
+    if threads is not None:
+        if threads > cores:
+            raise RuntimeError(f"node {node} may use {cores} cores; the target's kernels are timed on {threads}")
+        os.environ["TVM_NUM_THREADS"] = str(threads)  # the runner's processes (made below) inherit it
+    os.environ.setdefault("TVM_EXT_BUILD_WORKERS", str(cores))  # this node's cores
     with tempfile.TemporaryDirectory(prefix="tvm_ext_node_") as tmp:
         paths = [os.path.join(tmp, n) for n in ("database_workload.json", RECORDS)]
         db = _json_database(paths[0], paths[1], allow_missing=True)
@@ -83,8 +96,9 @@ def tune_remote(job: dict) -> dict:
                   per_iter=job["per_iter"], callbacks=[errors.callback()])
         with open(paths[1], "rb") as f:
             lines = f.read().splitlines()[before:]
-    new = [json.dumps(json.loads(line)[1]) for line in lines if line.strip()][:job["trials"]]
-    return {"name": job["name"], "node": node, "seconds": time.time() - start, "records": new, "error": errors.first}
+    new = [json.dumps(json.loads(line)[1]) for line in lines if line.strip()]
+    return {"name": job["name"], "node": node, "cpu": describe_node()["mcpu"], "target": job["target"],
+            "seconds": time.time() - start, "records": new, "error": errors.first}
 
 
 def _node_name(host: str) -> str:
@@ -98,112 +112,146 @@ def _node_name(host: str) -> str:
 
 def tune_on_cluster(workload, target, work_dir: str, trials: int, client, ruleset: str = "plugin",
                     rpc: tuple = (None, None), log: Callable[[str], None] = print, seed: int = 0,
-                    per_iter: int = 16, should_stop: Callable[[], bool] = lambda: False, poll_s: float = 1.0) -> dict:
+                    per_iter: int = 16, should_stop: Callable[[], bool] = lambda: False, poll_s: float = 1.0,
+                    allow_mixed_cpus: bool = False, task_deadline_s: float | None = None,
+                    remote: Callable = tune_remote, describe: Callable | None = None) -> dict:
     """Tune every task of ``workload`` up to ``trials`` records on the cluster of ``client``
-    (a ``distributed.Client``); resumable like ``tvm_ext.tune.tune``. Returns the report."""
-    from distributed import wait
-    from tvm.s_tir import meta_schedule as ms
+    (a ``distributed.Client``); resumable like ``tvm_ext.tune.tune``. Returns the report.
 
+    ``allow_mixed_cpus``: use nodes whose CPU is not the target's ``mcpu`` (each record's node and
+    CPU are kept in the work dir). ``task_deadline_s``: a task with no result after that long is
+    cancelled and runs again elsewhere (default: from its trials, ``deadline_for``). ``remote`` and
+    ``describe``: what runs on a node (the tuning, and the question what it is)."""
     if trials < 1:
         raise ValueError(f"--trials must be at least 1, not {trials}")
-    meta = prepare_work_dir(work_dir, workload, target, ruleset, log)
-    tasks = extract_tasks(workload, target)
-    save_tasks(work_dir, meta, tasks)
-    database = open_database(work_dir)
+    if task_deadline_s is not None and task_deadline_s <= 0:
+        raise ValueError(f"--task-deadline must be positive, not {task_deadline_s}")
+    dispatch = Dispatcher(client, {}, remote, target_needs(target), log, allow_mixed_cpus, bool(rpc[0]),
+                          describe=describe)
+    dispatch.refresh_nodes()  # before any work: one line where no node can tune this target
+    if dispatch.refused and not dispatch.eligible:
+        raise none_can(dispatch.refused)
+    with driver_lock(work_dir) as lock_now:
+        meta = prepare_work_dir(work_dir, workload, target, ruleset, log)
+        lock_now()
+        _record_threads(work_dir, meta, dispatch.needs["threads"], log)
+        tasks = extract_tasks(workload, target)
+        save_tasks(work_dir, meta, tasks)
+        database = open_database(work_dir)
+        texts = {}  # the records each module has, as JSON text, from one read of the records file
+        for shash, line in record_lines(work_dir):
+            texts.setdefault(shash, []).append(json.dumps(json.loads(line)[1]))
+        for i, task in enumerate(tasks, 1):
+            done = records_of(database, task.mod)
+            if len(done) < trials:
+                dispatch.jobs[task.name] = _job(task, i, target, ruleset, trials - len(done),
+                                                texts.get(str(tvm_ffi.structural_hash(task.mod)), []), seed,
+                                                per_iter, rpc)
+        dispatch.queue = list(dispatch.jobs)
+        dispatch.deadline_s = task_deadline_s or deadline_for(max((j["trials"] for j in dispatch.jobs.values()),
+                                                                  default=1))
+        left = sum(j["trials"] for j in dispatch.jobs.values())
+        names = dispatch.node_names()
+        log(f"{len(tasks)} tasks, {trials * len(tasks) - left} of {trials * len(tasks)} trials already in the "
+            f"database; {len(dispatch.jobs)} tasks to tune on "
+            + (f"{len(names)} nodes ({', '.join(names)})" if names else "a cluster with no nodes yet"))
+        _run(dispatch, tasks, database, work_dir, left, should_stop, poll_s, log)
+        return report(work_dir, database)
+
+
+def deadline_for(trials: int) -> float:
+    """A task's default deadline: generous for what ``trials`` candidates cost on a slow node
+    (builds of 1-2 s each, a few seconds of timing, the search's start), so only a hung task meets it."""
+    return 300.0 + 60.0 * trials
+
+
+def _run(dispatch: Dispatcher, tasks, database, work_dir: str, left: int, should_stop, poll_s: float, log) -> None:
+    from distributed import wait
+    from distributed.comm.core import CommClosedError
+
     by_name = {t.name: (i, t) for i, t in enumerate(tasks, 1)}
-    texts = {}  # the records each module has, as JSON text, from one read of the records file
-    for shash, line in record_lines(work_dir):
-        texts.setdefault(shash, []).append(json.dumps(json.loads(line)[1]))
-    pending, jobs = {}, {}
-    for i, task in enumerate(tasks, 1):
-        done = records_of(database, task.mod)
-        if len(done) < trials:
-            jobs[task.name] = _job(task, i, target, ruleset, trials - len(done),
-                                   texts.get(str(tvm_ffi.structural_hash(task.mod)), []), seed, per_iter, rpc)
-    left = sum(j["trials"] for j in jobs.values())
-    log(f"{len(tasks)} tasks, {trials * len(tasks) - left} of {trials * len(tasks)} trials already in the "
-        f"database; {len(jobs)} tasks to tune on {_describe(client)}")
-    for name, job in jobs.items():  # largest weight first (extract_tasks' order): long tasks start early
-        pending[client.submit(tune_remote, job, key=f"tvm_ext-{name}-{os.getpid()}-{time.time_ns()}",
-                              pure=False, retries=1)] = name
-    start, measured, finished, where = time.time(), 0, 0, {}
-    workers = _workers(client)
+    start, measured, finished, total, waiting = time.time(), 0, 0, len(dispatch.jobs), False
     try:
-        while pending:
+        while dispatch.queue or dispatch.running:
             if should_stop():
                 raise TuningInterrupted("tuning stopped on request")
+            dispatch.refresh_nodes()
+            dispatch.place()
+            for name in dispatch.stalled():
+                log(f"{name}: no node it has not failed on is left; run the same command again to retry")
+            if not dispatch.running:
+                if dispatch.queue and not dispatch.eligible and not waiting:
+                    log("no node left in the cluster that can tune: waiting for one to join "
+                        "(Ctrl-C stops; the same command resumes)")
+                waiting = not dispatch.eligible
+                time.sleep(poll_s)
+                continue
+            waiting = False
             try:
-                done, _ = wait(list(pending), timeout=poll_s, return_when="FIRST_COMPLETED")
-            except TimeoutError:  # nothing finished in poll_s: look at the nodes, then wait again
+                done, _ = wait(list(dispatch.running), timeout=poll_s, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # nothing finished in poll_s: deadlines, then wait again
                 done = []
-            where, workers = _watch_nodes(client, pending, where, workers, log)
             for future in done:
-                name = pending.pop(future)
+                name = dispatch.running[future].name
                 i, task = by_name[name]
+                job = dispatch.jobs[name]
                 head = f"[{i}/{len(tasks)}] {name} (x{task.weight})"
                 try:
                     result = future.result()
-                except Exception as err:  # noqa: BLE001 - one task's failure is one line, the rest go on
-                    log(f"{head}: failed on the cluster ({_last_line(err)}); run the same command again to retry")
+                    records = checked_records(result, job, task.mod, database.commit_workload(task.mod))
+                except BadResult as err:
+                    dispatch.failed(future, f"result refused, nothing committed ({err})")
                     continue
-                workload_entry = database.commit_workload(task.mod)
-                for text in result["records"]:
-                    database.commit_tuning_record(ms.database.TuningRecord.from_json(json.loads(text), workload_entry))
-                add_tuning_seconds(work_dir, name, result["seconds"], node=result["node"])
+                except Exception as err:  # noqa: BLE001 -- one node's failure: the task runs elsewhere
+                    dispatch.failed(future, f"failed ({_last_line(err)})")
+                    continue
+                placed = dispatch.running.pop(future)
+                for record in records:
+                    database.commit_tuning_record(record)
+                node = dispatch.names.get(placed.addr, result.get("node"))
+                add_tuning_seconds(work_dir, name, result["seconds"], node=node)
+                _record_node(work_dir, name, node, dispatch.eligible.get(placed.addr, {}), len(records))
                 finished += 1
-                measured += jobs[name]["trials"]
-                left -= jobs[name]["trials"]
+                measured += job["trials"]
+                left -= job["trials"]
                 best = best_record(database, task.mod)
                 secs = record_seconds(best) if best is not None else None
                 what = (f"best {secs * 1e6:.1f} us" if secs is not None
                         else f"no candidate ran ({result['error'] or 'no error message'})")
                 eta = (time.time() - start) * left / measured if measured else 0.0
-                log(f"{head} on {result['node']}: {what}, {len(result['records'])} trials in "
-                    f"{result['seconds']:.0f} s; {finished}/{len(jobs)} tasks done, ETA {_duration(eta)} "
-                    f"({len(workers)} nodes: {', '.join(sorted(workers.values()))})")
+                names = dispatch.node_names()
+                log(f"{head} on {node}: {what}, {len(records)} trials in {result['seconds']:.0f} s; "
+                    f"{finished}/{total} tasks done, ETA {_duration(eta)} ({len(names)} nodes: {', '.join(names)})")
+            dispatch.cancel_overdue()
+    except CommClosedError as err:
+        raise OSError(f"lost the connection to the cluster ({_last_line(err)}); what finished is committed in "
+                      f"{work_dir}: run the same command to resume") from None
     finally:
-        for future in pending:
+        for future in dispatch.running:
             future.cancel()
-    return report(work_dir, database)
 
 
-def _describe(client) -> str:
-    names = sorted(_workers(client).values())
-    return f"{len(names)} nodes ({', '.join(names)})" if names else "a cluster with no nodes yet"
+def _record_threads(work_dir: str, meta: dict, threads, log) -> None:
+    """The work dir's ``threads`` is what its records are timed on: the target's num-cores on the nodes,
+    not the driver's pool (a database is later found "tuned for this host" by it)."""
+    if threads is None or meta.get("threads") == threads:
+        return
+    if meta.get("tasks") and any(e.get("tuning_s") for e in meta["tasks"]):
+        log(f"note: {work_dir}'s records so far were timed on {meta.get('threads')} threads; the cluster's "
+            f"nodes time on {threads} (the target's num-cores)")
+    meta = read_meta(work_dir)
+    meta["threads"] = threads
+    write_meta(work_dir, meta)
 
 
-def _workers(client) -> dict:
-    """{worker address: node name} of the cluster now."""
-    return {addr: str(info.get("name") or addr) for addr, info in client.scheduler_info()["workers"].items()}
+def _record_node(work_dir: str, name: str, node: str, info: dict, count: int) -> None:
+    """Keep which node, on which CPU, measured how many of ``name``'s records (``measured_on``)."""
+    meta = read_meta(work_dir)
+    for entry in meta["tasks"]:
+        if entry["name"] == name:
+            entry.setdefault("measured_on", []).append(
+                {"node": node, "mcpu": info.get("mcpu"), "gpu": info.get("gpu"), "records": count})
+    write_meta(work_dir, meta)
 
 
-def _watch_nodes(client, pending: dict, where: dict, before: dict, log) -> tuple[dict, dict]:
-    """Say which nodes joined or left since the last look; for a node that left, which of our
-    tasks it was running (Dask runs them again elsewhere). Returns (task -> node now, nodes now).
-    The nodes and what each runs come from one call (``processing``): the scheduler drops a dead
-    node and moves its tasks in one step, so two calls could see the tasks moved and the node
-    still there, and a later look would no longer know what the node ran."""
-    processing = client.processing()
-    joined = processing.keys() - before.keys()
-    names = _workers(client) if joined else {}  # a node that joined: its name (the scheduler knows it by then)
-    now = {addr: before.get(addr) or names.get(addr, addr) for addr in processing}
-    ours = set(pending.values())
-    for addr in before.keys() - now.keys():
-        lost = sorted(name for name, node in where.items() if node == addr and name in ours)
-        log(f"node {before[addr]} left the cluster" + (f"; its tasks run again on another node: {', '.join(lost)}"
-                                                        if lost else ""))
-    for addr in now.keys() - before.keys():
-        log(f"node {now[addr]} joined the cluster")
-    if before and not now:
-        log("no node left in the cluster: waiting for one to join (Ctrl-C stops; the same command resumes)")
-    keys = {f.key: name for f, name in pending.items()}
-    running = {keys[key]: addr for addr, running_keys in processing.items() for key in running_keys if key in keys}
-    return running, now
-
-
-def _last_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else type(err).__name__
-
-
-__all__ = ["tune_on_cluster", "tune_remote"]
+__all__ = ["deadline_for", "tune_on_cluster", "tune_remote"]

@@ -17,6 +17,7 @@ from tvm_ext.rulesets import default_postprocs, space
 from tvm_ext.tune import packed
 from tvm_ext.tune.apply import kernels_of
 from tvm_ext.tune.builder import make_builder
+from tvm_ext.tune.lock import driver_lock
 from tvm_ext.tune.logs import loggers_for
 from tvm_ext.tune.picks import read_picks, trace_key
 from tvm_ext.tune.database import (best_record, open_database, prepare_work_dir, read_meta,
@@ -51,7 +52,8 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
     (whose records stay in the database, unused). The file of a task that is gone (renamed by a
     change of the workload's code) is removed: saved, it would only be carried along."""
     entries = []
-    kept = {e["name"]: {k: e[k] for k in ("tuning_s", "node") if k in e} for e in meta.get("tasks", [])}
+    kept = {e["name"]: {k: e[k] for k in ("tuning_s", "node", "measured_on") if k in e}
+            for e in meta.get("tasks", [])}
     for i, task in enumerate(tasks):
         file = os.path.join("tasks", f"{i:03d}_{task.name[:80]}.json")
         path = os.path.join(work_dir, file)
@@ -65,7 +67,7 @@ def save_tasks(work_dir: str, meta: dict, tasks: list[Task]) -> None:
                 f.write(text)
             os.replace(path + ".tmp", path)
         entry = {"name": task.name, "weight": task.weight, "file": file}
-        entry.update(kept.get(task.name, {}))  # seconds and node kept across resumed runs
+        entry.update(kept.get(task.name, {}))  # seconds and nodes kept across resumed runs
         entries.append(entry)
     meta["tasks"] = entries
     write_meta(work_dir, meta)
@@ -161,7 +163,16 @@ def tune(workload, target, work_dir: str, trials: int, ruleset: str = "plugin", 
     """
     if trials < 1:
         raise ValueError(f"--trials must be at least 1, not {trials}")
+    with driver_lock(work_dir) as lock_now:  # one driver per work dir
+        return _tune(workload, target, work_dir, trials, ruleset, runner, log, seed, per_iter, should_stop,
+                     verbose, reuse_schedules, transfer_from, lock_now)
+
+
+def _tune(workload, target, work_dir, trials, ruleset, runner, log, seed, per_iter, should_stop, verbose,
+          reuse_schedules, transfer_from, lock_now) -> dict:
+    """``tune`` with the work dir's driver lock held (``lock_now`` takes it once a new work dir exists)."""
     meta = prepare_work_dir(work_dir, workload, target, ruleset, log)
+    lock_now()
     tasks = extract_tasks(workload, target)
     old_tasks = load_tasks(work_dir, meta) if reuse_schedules and meta.get("tasks") else []
     save_tasks(work_dir, meta, tasks)
