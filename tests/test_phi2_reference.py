@@ -16,8 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
 tvm = pytest.importorskip("tvm")
+torch = transformers = None  # imported by the fixture: collecting this file in the default run costs nothing
 
 
 def _import_transformers():
@@ -32,7 +32,7 @@ def _import_transformers():
         import transformers.integrations.hub_kernels  # noqa: F401 -- binds the package's names now
         from transformers.models.phi import modeling_phi  # noqa: F401
     except ImportError:
-        pytest.skip("transformers not installed: pip install -e '.[reference]'", allow_module_level=True)
+        pytest.skip("transformers not installed: pip install -e '.[reference]'")
     finally:
         sys.path[:] = path
         sys.modules.pop("kernels", None)
@@ -41,7 +41,11 @@ def _import_transformers():
     return transformers
 
 
-transformers = _import_transformers()
+@pytest.fixture(scope="module")
+def reference():
+    global torch, transformers
+    torch = pytest.importorskip("torch", reason="pip install -e '.[reference]'")
+    transformers = _import_transformers()
 
 from tvm_ext.workloads.phi2 import load  # noqa: E402
 from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
@@ -59,7 +63,7 @@ CONFIGS = {  # hidden, heads, intermediate, vocab, layers, partial_rotary_factor
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
-def saved(request, tmp_path_factory):
+def saved(request, tmp_path_factory, reference):
     hidden, heads, mlp, vocab, layers, prf, tied = CONFIGS[request.param]
     torch.manual_seed(sum(map(ord, request.param)))
     config = transformers.PhiConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
