@@ -174,3 +174,49 @@ def test_int8_activation_path_top1_and_error(saved, capsys):
     _say(capsys, path, f"int8 activations vs transformers on the dequantized weights, top-1 {100 * top1:.0f}% of "
          f"{STEPS} steps", worst)
     assert top1 >= 0.9 and worst < 0.05
+
+
+@pytest.mark.parametrize("outtype", ["f32", "q8_0"])
+def test_llama_cpp_converters_gguf_is_read_as_the_checkpoint(reference, tmp_path, outtype, capsys):
+    """llama.cpp's own converter (convert_hf_to_gguf.py of the pinned sdist; downloaded once, not built) on a
+    transformers model: our GGUF reader takes its names and layout (attn_q/k/v apart, F32 norms); its F32 file
+    gives transformers' logits to the same bound, its Q8_0 file exactly gguf's dequantized values.  (Q4_0 and
+    llama.cpp's own greedy tokens on the file take a llama.cpp build: not here.)"""
+    from tvm_ext.testing.phi2_checkpoints import llama_cpp_convert
+
+    torch.manual_seed(11)
+    config = transformers.PhiConfig(vocab_size=128, hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                                    num_attention_heads=4, partial_rotary_factor=0.5, tie_word_embeddings=False,
+                                    attn_implementation="eager")  # the converter writes 4 x hidden as the MLP
+    model = transformers.PhiForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "hf")
+    try:
+        path = llama_cpp_convert(tmp_path / "hf", tmp_path / f"m-{outtype}.gguf", outtype, log=lambda m: None)
+    except ValueError as err:  # no package index reachable: said, not passed
+        pytest.skip(str(err))
+    ckpt = load(path, weights="float")
+    hf = load(str(tmp_path / "hf"), weights="float")
+    tensors = {t.name: t for t in gguf_reader(path).tensors}
+    assert "blk.0.attn_q.weight" in tensors and ckpt.cfg["rotary"] == hf.cfg["rotary"]
+    if outtype == "f32":
+        for a, b in zip(ckpt.source.layer_weights(1).values(), hf.source.layer_weights(1).values()):
+            np.testing.assert_array_equal(a[0] if isinstance(a, tuple) else a, b[0] if isinstance(b, tuple) else b)
+        ids, logits = _ours(ckpt)
+        theirs = _theirs(model, ids)
+        _say(capsys, path, "llama.cpp converter's F32 GGUF vs transformers", _worst(logits, theirs))
+        assert ids == [int(np.argmax(x)) for x in theirs] and _worst(logits, theirs) <= TOL
+    else:
+        t = tensors["blk.1.ffn_down.weight"]
+        import gguf
+
+        np.testing.assert_array_equal(ckpt.source.layer_weights(1)["fc2"][0], gguf.quants.dequantize(t.data,
+                                                                                                     t.tensor_type))
+        ids, logits = _ours(ckpt)
+        ref = pm.reference_generate(ckpt.build(capacity=len(PROMPT) + STEPS), PROMPT, STEPS, follow=ids)[1]
+        assert _worst(logits, ref) <= TOL
+
+
+def gguf_reader(path):
+    import gguf
+
+    return gguf.GGUFReader(path)

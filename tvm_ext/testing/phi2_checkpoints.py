@@ -8,6 +8,8 @@ hold, for the loaders' tests and the full-size load benchmark.
                    Q8_0, F16, F32 matrices; norms and biases F32), with the tokenizer's vocabulary and merges
 ``train_tokenizer`` a tiny byte-level BPE trained by ``tokenizers`` on a few sentences, saved as
                    tokenizer.json
+``llama_cpp_convert`` llama.cpp's own ``convert_hf_to_gguf.py`` (from the llama-cpp-python sdist the peer
+                   benchmark pins) run on a Hugging Face checkpoint
 """
 from __future__ import annotations
 
@@ -177,3 +179,66 @@ def write_gguf(path, hf_directory, qtype="Q4_0", split_qkv=False):
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+CONVERT = """import runpy, sys
+root = sys.argv[1]
+sys.path[:0] = [root, root + "/gguf-py"]
+import conversion.phi as phi
+# a tokenizer trained in a test is none llama.cpp knows (its converter matches tokenizers by hash): no vocabulary
+phi.Phi2Model.set_vocab = lambda self: self.gguf_writer.add_tokenizer_model("none")
+sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
+runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def llama_cpp_converter(cache_dir=None, log=print):
+    """The directory of llama.cpp's Python converter (convert_hf_to_gguf.py, conversion/, gguf-py/) of the pinned
+    llama-cpp-python sdist (``bench.phi2.llama_cpp``): the built peer's tree where there is one, else extracted
+    from the sdist (downloaded by pip once) into the same cache, no build."""
+    import subprocess
+    import sys
+    import tarfile
+    from pathlib import Path
+
+    from tvm_ext.bench.phi2.llama_cpp import LLAMA_CPP_PYTHON_VERSION, default_cache_dir
+
+    cache = Path(cache_dir or default_cache_dir())
+    for root in (cache / "llama.cpp", cache / f"converter-{LLAMA_CPP_PYTHON_VERSION}"):
+        if (root / "convert_hf_to_gguf.py").is_file() and (root / "conversion").is_dir():
+            return str(root)
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    sdist = cache / f"{name}.tar.gz"
+    cache.mkdir(parents=True, exist_ok=True)
+    if not sdist.is_file():
+        log(f"downloading the {name} sdist (llama.cpp's converter)")
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                               "--no-binary", ":all:", "--no-deps", "-d", str(cache)], capture_output=True, text=True)
+        if proc.returncode != 0 or not sdist.is_file():
+            raise ValueError(f"pip download of llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed: "
+                             f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    root = cache / f"converter-{LLAMA_CPP_PYTHON_VERSION}"
+    prefix = f"{name}/vendor/llama.cpp/"
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile() and (
+            m.name == prefix + "convert_hf_to_gguf.py" or m.name.startswith((prefix + "conversion/",
+                                                                             prefix + "gguf-py/")))]
+        for m in members:
+            m.name = m.name[len(prefix):]
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(root, members=members, **kw)
+    return str(root)
+
+
+def llama_cpp_convert(hf_directory, out, outtype="f32", cache_dir=None, log=print):
+    """``out``: llama.cpp's converter's GGUF of ``hf_directory`` (``outtype`` f32, f16, bf16 or q8_0: what the
+    converter writes; Q4_0 takes llama-quantize, a build).  Needs torch, as the converter does."""
+    import subprocess
+    import sys
+
+    root = llama_cpp_converter(cache_dir, log)
+    proc = subprocess.run([sys.executable, "-c", CONVERT, root, str(hf_directory), "--outfile", str(out),
+                           "--outtype", outtype], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ValueError(f"llama.cpp's converter failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+    return str(out)
