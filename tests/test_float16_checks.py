@@ -116,3 +116,22 @@ def test_no_touch_kernel_is_built_for_a_gpu_target(monkeypatch):
     monkeypatch.setattr(pm_measure, "_main", lambda ex, dev: ex)
     pm_measure.add_floors(fns, kss, resolve_target("llvm"), None, 2)  # on the CPU both thread counts
     assert sorted(k[1] for k in fns) == ["floor1", "floor2"] and len(built) == 2
+
+
+def test_a_half_made_from_its_bits_stays_a_half_in_the_reference():
+    """The CUDA q4 unpack makes each weight as ``reinterpret(float16, 0x6400 | q) - 1031``: the twin keeps
+    that half and widens it after, so the reference equals NumPy's dequantize exactly."""
+    from tvm_ext.bundle import sources
+    from tvm_ext.bundle.inputs import make_inputs
+
+    _, _, mod = next(k for k in sources.phi2_kernels("phi2-decode", "reduced", 16, "float16")[False]
+                     if k[0] == "dequantize")
+    func = mod["main"]
+    assert "reinterpret" in func.script()
+    specs = [{"shape": [int(x) for x in p.shape], "dtype": str(p.dtype),
+              "range": [0, 2**32 - 1] if str(p.dtype) == "uint32" else [-1.0, 1.0]} for p in func.params]
+    words, scale, out = make_inputs(specs, 1)
+    ref = reference_output(func, [words, scale, out])
+    i, j = np.arange(ref.shape[0])[:, None], np.arange(ref.shape[1])[None, :]
+    q = (words[j, i // 8].astype(np.uint64) >> ((i % 8) * 4).astype(np.uint64)) & 15
+    np.testing.assert_array_equal(ref, (q.astype(np.float64) - 7) * scale[j, i // 32].astype(np.float64))

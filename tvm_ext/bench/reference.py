@@ -4,7 +4,8 @@ A float16 kernel's output is checked against this (``tvm_ext.bundle.tolerance``:
 float16 accumulation over the kernel's K), never against another float16 schedule: two schedules
 that both accumulate in float16 over K = 2560-10240 in different orders differ by far more than
 1e-3 and are both right.  The twin is the kernel's definition (what every schedule of it must
-compute) with float16 buffers, casts and constants made float32 (``float32_twin``); its inputs are
+compute) with float16 buffers, casts and constants made float32 (``float32_twin``; a half made from its
+bits by ``reinterpret`` stays one and is widened after); its inputs are
 the float16 kernel's inputs, exactly representable in float32, so only the arithmetic differs.
 """
 from __future__ import annotations
@@ -18,10 +19,32 @@ def float32_twin(func):
     """``func`` (a PrimFunc, unscheduled) with every float16 made float32, as a PrimFunc."""
     import tvm
 
-    text = func.with_attr("global_symbol", "main").script()
-    if "reinterpret" in text and "float16" in text:
-        raise ValueError("a float16 kernel that reinterprets bits has no widened twin")
-    return tvm.script.from_source(text.replace('"float16"', f'"{_WIDE}"').replace("T.float16(", f"T.{_WIDE}("))
+    text = _keep_reinterpreted_halves(func.with_attr("global_symbol", "main").script())
+    text = text.replace('"float16"', f'"{_WIDE}"').replace("T.float16(", f"T.{_WIDE}(")
+    return tvm.script.from_source(text.replace(_HALF, '"float16"'))
+
+
+_HALF = '"__half_kept__"'
+
+
+def _keep_reinterpreted_halves(text: str) -> str:
+    """Each ``T.reinterpret("float16", x)`` (a half made from its bits: the CUDA q4 unpack's ``0x6400 | q``)
+    stays a half and is widened after: ``T.Cast("float16", T.reinterpret(<kept>, x))`` before the global
+    float16 -> float32 replacement; exact (every half is a float32)."""
+    head = 'T.reinterpret("float16",'
+    out, i = [], 0
+    while True:
+        j = text.find(head, i)
+        if j < 0:
+            return "".join(out) + text[i:]
+        depth, k = 0, j + len("T.reinterpret")
+        for k in range(k, len(text)):  # the reinterpret's closing parenthesis
+            depth += {"(": 1, ")": -1}.get(text[k], 0)
+            if depth == 0:
+                break
+        inner = text[j + len(head):k]
+        out.append(text[i:j] + f'T.Cast("float16", T.reinterpret({_HALF},{inner}))')
+        i = k + 1
 
 
 def reference_output(func, args: list, written: int = -1) -> np.ndarray:
