@@ -47,7 +47,9 @@ class Source:
 
     def _done(self, w):
         """``w``, converted: every array a copy, the file's pages given back (``tensors.release``)."""
-        own = lambda a: None if a is None else np.array(a)  # noqa: E731
+        def own(a):  # a view of the file copied, an array already converted kept
+            return a if a is None or (a.flags.owndata and not isinstance(a, np.memmap)) else np.array(a)
+
         w = {k: tuple(own(a) for a in v) if isinstance(v, tuple) else own(v) for k, v in w.items()}
         self.reader.release()
         return w
