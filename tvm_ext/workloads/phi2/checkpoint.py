@@ -46,7 +46,7 @@ class Source:
         return (np.ascontiguousarray(got[1], dtype=self.weights), b)
 
     def _done(self, w):
-        """``w``, converted: every array a copy, the file's pages given back (``tensors.release``)."""
+        """``w`` owning its arrays (no view of the file left), the file's pages given back (``tensors.release``)."""
         def own(a):  # a view of the file copied, an array already converted kept
             return a if a is None or (a.flags.owndata and not isinstance(a, np.memmap)) else np.array(a)
 
