@@ -107,6 +107,18 @@ def test_a_missing_cuda_runtime_is_the_first_row_and_exit_3(tmp_path, monkeypatc
     assert row["kind"] == "device" and not row["ok"] and "libtvm_runtime_cuda" in row["error"]
 
 
+@pytest.mark.skipif(__import__("ctypes.util").util.find_library("cuda") is not None, reason="a CUDA driver is here")
+def test_without_a_cuda_driver_the_runner_says_so_first(tmp_path):
+    """The real device check (no stub): TVM's CUDA sidecar cannot load without libcuda.so.1."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.json").write_text(json.dumps({"name": "t", "device": "cuda", "items": []}))
+    results = tmp_path / "r.jsonl"
+    assert runner.run(str(bundle), str(results), until=1e12, log=lambda m: None) == 3
+    row = json.loads(results.read_text().splitlines()[0])
+    assert not row["ok"] and "libcuda.so.1" in row["error"], row
+
+
 def test_the_order_puts_the_seed_rows_first_and_rounds_of_candidates_after():
     def k(task, label, rank, ruleset="", exp="resnet50-int8-s8"):
         return {"id": f"{exp}/{task}/{label}", "kind": "kernel", "experiment": exp, "task_index": task,

@@ -1,7 +1,8 @@
 """The bundle's runner: load, check, time, write each result at once; on the device machine.
 
 Runs as a plain script from the unpacked bundle (``python3 runner.py BUNDLE --results R.jsonl``) and
-imports TVM's *runtime* only (``TVM_USE_RUNTIME_LIB=1``: ``libtvm_runtime`` and tvm-ffi, not the 259 MB
+imports TVM's *runtime* only (as a script it sets
+``TVM_USE_RUNTIME_LIB=1``: ``libtvm_runtime`` and tvm-ffi, not the 259 MB
 compiler library), NumPy, the two NumPy-only files beside it (``inputs.py``, ``tolerance.py``) and, for
 the peer rows alone, PyTorch (``torch_peers.py``).
 
@@ -66,7 +67,6 @@ class Results:
 # --------------------------------------------------------------------------- the device
 def open_device(kind: str):
     """(tvm module, device, name) after the checks of the module doc; RuntimeError naming what is missing."""
-    os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
     import tvm
 
     if kind == "cpu":
@@ -76,13 +76,15 @@ def open_device(kind: str):
     from tvm.base import _LOADED_LIBS
 
     if "tvm_runtime_cuda" not in _LOADED_LIBS:
-        runtime_dir = os.path.dirname(os.path.realpath(_LOADED_LIBS["tvm_runtime"]._name))
+        from pathlib import Path
+
+        runtime_dir = Path(_LOADED_LIBS["tvm_runtime"]._name).resolve().parent
         try:
             _LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes("tvm", "tvm_runtime_cuda", "RTLD_LOCAL",
                                                                extra_lib_paths=[runtime_dir])
         except (OSError, RuntimeError) as err:
-            raise RuntimeError(f"TVM's CUDA runtime (libtvm_runtime_cuda) does not load: {err}; its "
-                               "libcudart.so.13 must be on LD_LIBRARY_PATH") from None
+            raise RuntimeError(f"TVM's CUDA runtime (libtvm_runtime_cuda) does not load: {err}; it needs the "
+                               "driver's libcuda.so.1 and CUDA 13's libcudart.so.13 on the library path") from None
     dev = tvm.cuda(0)
     if not dev.exist:
         raise RuntimeError("tvm.cuda(0).exist is False: no CUDA device visible to TVM's runtime")
@@ -264,4 +266,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # TVM's runtime library alone (as a script only: in a process that also compiles, this would leak
+    # into its children through the environment)
+    os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
     sys.exit(main())
