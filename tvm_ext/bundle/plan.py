@@ -65,7 +65,8 @@ def _key(item: dict):
 def order(items: list, peers: list, device: str) -> dict:
     """The manifest's body: {"items": ordered, each with ``est_s``, "estimate_s": total with the start}."""
     work = [dict(i) for i in items]
-    work.append({"id": "bandwidth", "kind": "bandwidth"})
+    # the device's copy bandwidth: 512 MiB (10x an H200's L2); the CPU stand-in's rehearsal needs less
+    work.append({"id": "bandwidth", "kind": "bandwidth", "mib": 512 if device == "cuda" else 32})
     for peer in peers:
         work.append(dict(peer, kind="peer"))
     work.sort(key=_key)

@@ -221,7 +221,7 @@ def run(root: str, results_path: str, until: float, number: int = 0, repeat: int
             elif item["kind"] == "peer":
                 row = run_peer(item)
             elif item["kind"] == "bandwidth":
-                row = run_bandwidth(tvm, dev)
+                row = run_bandwidth(tvm, dev, int(item.get("mib", 512)))
             else:
                 row = {"ok": False, "error": f"unknown item kind {item['kind']!r}"}
         except Exception as err:  # noqa: BLE001 -- a failing candidate or peer is a row, not a lost table
