@@ -36,6 +36,11 @@ def test_a_node_missing_an_instruction_is_refused_even_with_mixed_cpus():
         assert "lacks avx512" in refusal(lacking, needs, allow_mixed=allow)
 
 
+def test_a_node_that_cannot_say_what_it_is_is_refused():
+    assert refusal({"error": "ImportError: no module named tvm"}, target_needs(ZEN4)) == \
+        "it could not say what it is (ImportError: no module named tvm)"
+
+
 def test_threads_and_gpus():
     assert "timed on 2" in refusal(node(cores=1), target_needs(ZEN4))
     cuda = target_needs(tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024,
@@ -154,7 +159,8 @@ class FakeClient:
     def processing(self):
         return {a: () for a in self.nodes}
 
-    def run(self, describe, workers=None):  # pylint: disable=unused-argument
+    def run(self, describe, workers=None, on_error="raise"):  # pylint: disable=unused-argument
+        assert on_error == "return"
         return {a: self.nodes[a][1] for a in workers}
 
     def submit(self, fn, job, key, workers, allow_other_workers, pure):  # pylint: disable=unused-argument

@@ -99,7 +99,8 @@ def test_cli_generate_prompt_json(tmp_path, capsys):
     (["--prompt", "7"], "--prompt must be even"),
     (["--peers", "ort"], "without --prompt, --peers takes llama.cpp"),
     (["--tune", "4", "--schedule", "rule"], "--tune fills the database of --schedule tuned"),
-    (["--prompt", "8", "--schedule", "dlight"], "unknown schedule 'dlight'; with --prompt the schedules are int8, tuned"),
+    (["--prompt", "8", "--schedule", "dlight"],
+     "unknown schedule 'dlight'; with --prompt the schedules are int8, tuned"),
     (["--prompt", "8", "--peers", "torch"], "unknown peer 'torch'"),
     (["--prompt", "8", "--schedule", "tuned", "--database", "/nonexistent/db"], "no tuning database"),
 ])

@@ -101,7 +101,8 @@ class Tracer:
 
     def summary(self) -> dict:
         files = sorted({f for f, _ in self.stops})
-        return {"files": len(files), "stops": len(self.stops), "tracer_errors": len(self.errors), "cross_file_edges": len(self.edges),
+        return {"files": len(files), "stops": len(self.stops), "tracer_errors": len(self.errors),
+                "cross_file_edges": len(self.edges),
                 "climbs": len(self.climbs),
                 "by_layer": {name: sum(1 for f in files if layer(f) == name) for name in LAYERS},
                 "file_list": files,

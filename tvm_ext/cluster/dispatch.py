@@ -62,12 +62,7 @@ class Dispatcher:
         if new:
             self.seen.update(new)
             kwargs = {"describe": self.describe} if self.describe is not None else {}
-            try:
-                described = survey(self.client, new, **kwargs)
-            except Exception as err:  # noqa: BLE001 -- a node that died while asked: seen again next time
-                self.seen.difference_update(new)
-                self.log(f"could not ask the new nodes what they are ({_last_line(err)}); asking again")
-                described = {}
+            described = survey(self.client, new, **kwargs)
             if self.eligible or self.names:
                 for addr in described:
                     self.log(f"node {now[addr]} joined the cluster")

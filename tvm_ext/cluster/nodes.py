@@ -51,6 +51,8 @@ def target_needs(target) -> dict:
 
 def refusal(node: dict, needs: dict, allow_mixed: bool = False, rpc: bool = False) -> str | None:
     """Why ``node`` (``describe_node``) cannot tune a target with ``needs`` (``target_needs``), or None."""
+    if "error" in node:
+        return f"it could not say what it is ({node['error']})"
     if needs["kind"] == "cuda":
         if rpc:
             return None  # built here, timed on the tracker's devices
@@ -74,10 +76,17 @@ def refusal(node: dict, needs: dict, allow_mixed: bool = False, rpc: bool = Fals
 
 
 def survey(client, addresses=None, describe=describe_node) -> dict:
-    """{worker address: describe_node() there} for the cluster's workers (or ``addresses``)."""
+    """{worker address: describe_node() there} for the cluster's workers (or ``addresses``); a node
+    that could not answer gets {"error": its one-line error}, which ``refusal`` turns into a refusal."""
     if addresses is not None and not addresses:
         return {}
-    return client.run(describe, workers=list(addresses) if addresses is not None else None)
+    answers = client.run(describe, workers=list(addresses) if addresses is not None else None, on_error="return")
+    return {addr: ({"error": _last_line(a)} if isinstance(a, BaseException) else a) for addr, a in answers.items()}
+
+
+def _last_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    return f"{type(err).__name__}: {lines[-1]}" if lines else type(err).__name__
 
 
 def choose(nodes: dict, names: dict, needs: dict, allow_mixed: bool, rpc: bool, log) -> tuple[dict, dict]:

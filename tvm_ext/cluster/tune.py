@@ -239,8 +239,7 @@ def _record_threads(work_dir: str, meta: dict, threads, log) -> None:
     if meta.get("tasks") and any(e.get("tuning_s") for e in meta["tasks"]):
         log(f"note: {work_dir}'s records so far were timed on {meta.get('threads')} threads; the cluster's "
             f"nodes time on {threads} (the target's num-cores)")
-    meta = read_meta(work_dir)
-    meta["threads"] = threads
+    meta["threads"] = threads  # the caller's meta: what it writes back next (save_tasks) keeps it
     write_meta(work_dir, meta)
 
 
