@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-# tests import small shared helpers (kernels.py) by plain name
+# tests import small shared helpers (tir_kernels.py) by plain name
 sys.path.insert(0, os.path.dirname(__file__))
 
 # pytester runs inner pytest sessions (tests/test_pytest_logging.py)

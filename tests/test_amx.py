@@ -13,7 +13,7 @@ from tvm import te
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
-import kernels  # noqa: F401  (imports TVM's tensor intrinsics the fast way)
+import tir_kernels  # noqa: F401  (imports TVM's tensor intrinsics the fast way)
 import qnn_cases as C
 from tvm_ext import amx
 from tvm_ext import rulesets as R

@@ -7,7 +7,7 @@ from tvm.s_tir.meta_schedule.testing.space_generation import generate_design_spa
 from tvm.script import tirx as T
 
 import tvm_ext
-from kernels import annotated, cuda_target, design_spaces, llvm_target
+from tir_kernels import annotated, cuda_target, design_spaces, llvm_target
 from tvm_ext.rules import ApplyBlockAttrRule
 
 

@@ -307,6 +307,7 @@ def test_a_cuda_target_without_gpu_nodes_is_refused_before_any_work(client, tmp_
     assert not os.path.exists(tmp_path / "wd")
 
 
+@pytest.mark.slow  # 60-110 s (node1 tunes for nothing); test_cluster_checks checks each refusal by default
 def test_a_forged_result_commits_nothing_and_the_task_completes_elsewhere(cluster, client, target, tmp_path,
                                                                          by_value):
     lines = []

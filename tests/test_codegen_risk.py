@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from kernels import cross_thread_reduction, cuda_target, vector_copy
+from tir_kernels import cross_thread_reduction, cuda_target, vector_copy
 from tvm_ext.codegen_risk import has_cross_thread_reduction, wide_vectors
 from tvm_ext.lowering import build_lowering, without_unroll_pragmas
 from tvm_ext.tir_utils import collect

@@ -7,7 +7,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
-from kernels import annotated, design_spaces
+from tir_kernels import annotated, design_spaces
 from tvm_ext.rules import ApplyBlockAttrRule, InlineConstantScalars
 from tvm_ext.tir_utils import blocks_of
 

@@ -11,7 +11,7 @@ import pytest
 import tvm
 import tvm_ffi
 
-from kernels import as_main, ours_in_space, phi2_reduced_kernels
+from tir_kernels import as_main, ours_in_space, phi2_reduced_kernels
 from tvm_ext.rules import contraction_cpu
 
 

@@ -15,7 +15,7 @@ tvm = pytest.importorskip("tvm")
 
 from tvm import te  # noqa: E402
 
-from kernels import as_main, design_spaces  # noqa: E402
+from tir_kernels import as_main, design_spaces  # noqa: E402
 from tvm_ext.lowering import cuda_source  # noqa: E402
 from tvm_ext.rules import contraction_cuda as rule  # noqa: E402
 from tvm_ext.targets import cuda_target  # noqa: E402

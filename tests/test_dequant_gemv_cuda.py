@@ -15,7 +15,7 @@ tvm = pytest.importorskip("tvm")
 
 from tvm.s_tir import Schedule  # noqa: E402
 
-from kernels import as_main, design_spaces  # noqa: E402
+from tir_kernels import as_main, design_spaces  # noqa: E402
 from tvm_ext.analysis.gemv_pattern import GemvPattern, match_func  # noqa: E402
 from tvm_ext.lowering import count_kernels, cuda_source  # noqa: E402
 from tvm_ext.rules import dequant_gemv_cuda as rule  # noqa: E402

@@ -1,7 +1,7 @@
 """The seed's claim: with constant scalars inlined, conv + requantize is one kernel."""
 import pytest
 
-from kernels import cuda_target, design_spaces, llvm_target, upstream_rules_without
+from tir_kernels import cuda_target, design_spaces, llvm_target, upstream_rules_without
 from tvm_ext.tir_utils import blocks_of, top_level_nests
 from tvm_ext.rules import is_constant_scalar_block
 from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc

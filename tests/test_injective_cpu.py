@@ -10,7 +10,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from kernels import as_main, ours_in_space, phi2_reduced_kernels
+from tir_kernels import as_main, ours_in_space, phi2_reduced_kernels
 from tvm_ext.rules import injective_cpu
 
 

@@ -5,7 +5,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.testing.space_generation import generate_design_space
 from tvm.script import tirx as T
 
-from kernels import llvm_target
+from tir_kernels import llvm_target
 from tvm_ext.rules import InlineConstantScalars, is_constant_scalar_block
 from tvm_ext.rules.inline_constant_scalars import inline_constant_scalars
 

@@ -14,7 +14,7 @@ tvm = pytest.importorskip("tvm")
 
 from tvm import te  # noqa: E402
 
-from kernels import design_spaces  # noqa: E402
+from tir_kernels import design_spaces  # noqa: E402
 from tvm_ext.rules import int8_tensor_core_cuda as rule  # noqa: E402
 from tvm_ext.targets import cuda_target, resolve_target  # noqa: E402
 from tvm_ext.workloads import qnn  # noqa: E402

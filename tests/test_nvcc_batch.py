@@ -7,7 +7,7 @@ import tvm
 from tvm import te
 from tvm.s_tir import Schedule
 
-from kernels import cuda_target
+from tir_kernels import cuda_target
 from tvm_ext.check import nvcc
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")

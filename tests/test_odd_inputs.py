@@ -4,7 +4,7 @@ import tvm
 from tvm.s_tir.meta_schedule.testing.space_generation import generate_design_space
 from tvm.script import tirx as T
 
-from kernels import cuda_target, design_spaces, llvm_target
+from tir_kernels import cuda_target, design_spaces, llvm_target
 from tvm_ext.rules import ApplyBlockAttrRule, InlineConstantScalars
 
 

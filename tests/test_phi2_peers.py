@@ -238,7 +238,7 @@ def test_unknown_schedule_is_refused():
 def test_the_rule_row_builds_for_a_gpu_target():
     """On a GPU target "rule" is rules/dequant_gemv_cuda.py's schedule for the q4 projections, dlight's
     for the others: every kernel of both rows compiles with nvcc."""
-    from kernels import cuda_target
+    from tir_kernels import cuda_target
 
     res = phi2_bench.run("phi2-decode", target=cuda_target(), schedules=["dlight", "rule"], build_only=True,
                          config="reduced", out_json="")

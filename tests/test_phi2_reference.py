@@ -10,8 +10,6 @@ separate embeddings; qk_layernorm off, as Phi-2).  For the same weights:
 
 Needs torch and transformers: ``pip install -e '.[reference]'`` (setup.py says why that extra is apart);
 slow: a torch import and 12 builds, ~1 minute on 2 cores."""
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -21,23 +19,11 @@ torch = transformers = None  # imported by the fixture: collecting this file in 
 
 
 def _import_transformers():
-    """transformers imports the PyPI package ``kernels`` (hub kernels), which tests/kernels.py (our tests'
-    shared helpers, first on sys.path under pytest) shadows: import transformers' Phi with the package in
-    place, then give the name back to our helpers."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    ours, path = sys.modules.pop("kernels", None), sys.path[:]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     try:
         import transformers
-        import transformers.integrations.hub_kernels  # noqa: F401 -- binds the package's names now
         from transformers.models.phi import modeling_phi  # noqa: F401
     except ImportError:
         pytest.skip("transformers not installed: pip install -e '.[reference]'")
-    finally:
-        sys.path[:] = path
-        sys.modules.pop("kernels", None)
-        if ours is not None:
-            sys.modules["kernels"] = ours
     return transformers
 
 

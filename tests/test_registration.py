@@ -11,7 +11,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_ext
-from kernels import annotated, cuda_target, design_spaces, llvm_target
+from tir_kernels import annotated, cuda_target, design_spaces, llvm_target
 from tvm_ext import registration
 from tvm_ext.tir_utils import top_level_nests
 from tvm_ext.workloads.conv2d_int8 import seed_conv_primfunc

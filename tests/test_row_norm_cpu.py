@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tvm
 
-from kernels import as_main, ours_in_space, phi2_reduced_kernels
+from tir_kernels import as_main, ours_in_space, phi2_reduced_kernels
 from tvm_ext.rules import row_norm_cpu
 from tvm_ext.tir_utils import blocks_of, collect
 

@@ -11,7 +11,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
 import tvm_ext
-from kernels import cuda_target, rows_over_thread_y
+from tir_kernels import cuda_target, rows_over_thread_y
 from tvm_ext.postprocs import ThreadExtentPrecheck, VerifyGPUCode
 from tvm_ext.postprocs.verify_gpu_code import check_module_threads
 

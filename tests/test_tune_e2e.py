@@ -12,7 +12,7 @@ from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
 
 import tvm_ext
 import tvm_ext.tune
-from kernels import llvm_target, requantize_primfunc
+from tir_kernels import llvm_target, requantize_primfunc
 from tvm_ext.tune.database import record_seconds
 from tvm_ext.workloads import qnn_reference as ref
 from tvm_ext.workloads.conv2d_int8 import ZP_IN, ZP_OUT, seed_conv_primfunc
@@ -71,7 +71,7 @@ def test_tune_task_reports_its_own_verify_gpu_rejections(tmp_path):
     gets none, so nothing carries over from one task to the next."""
     from tvm.s_tir.meta_schedule.testing.dummy_object import DummyRunner
 
-    from kernels import CUDA
+    from tir_kernels import CUDA
     from tvm_ext.tune.driver import Task, tune_task
 
     target = tvm.target.Target(dict(CUDA, max_threads_per_block=64))

@@ -116,7 +116,7 @@ def test_verify_gpu_batched_nvcc_gives_the_same_document_as_one_run_per_candidat
 
 
 def _requantize_func():
-    from kernels import requantize_primfunc
+    from tir_kernels import requantize_primfunc
 
     return requantize_primfunc(64, 32)
 

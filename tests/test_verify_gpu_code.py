@@ -11,7 +11,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.script import tirx as T
 
-from kernels import cross_thread_reduction, cuda_target, requantize_primfunc, rows_over_thread_y, vector_copy
+from tir_kernels import cross_thread_reduction, cuda_target, requantize_primfunc, rows_over_thread_y, vector_copy
 from tvm_ext.postprocs import VerifyGPUCode
 from tvm_ext.postprocs.verify_gpu_code import target_limits
 

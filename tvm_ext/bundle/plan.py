@@ -7,7 +7,7 @@ set (a deadline cut leaves each rule set with the same number of candidates per 
 stay comparable), grouped by task so that a task's inputs are made once per round; the Phi-2 peer (a
 2.7 B-parameter model built on the device: minutes) last.
 
-The time model (``estimate``) prices each item from what the H200 lent in session 11 measured
+The time model (``estimate``) prices each item from what an H200 lent earlier measured
 (``docs/journal.md``): copy bandwidth 4.0 TB/s; its fastest kernels 15-80 us (Phi-2 decode under dlight,
 one int8 conv 16.5-54 us), so timing is the timer's floor, ``repeat`` runs of at least ``min_repeat_ms``
 each (TVM's ``time_evaluator`` calibrates its inner count on the first: 1.5x), not the kernel; plus the
@@ -19,7 +19,7 @@ measured figures.
 """
 from __future__ import annotations
 
-BANDWIDTH_BPS = 4.0e12  # H200 device copy, session 11
+BANDWIDTH_BPS = 4.0e12  # H200 device copy (docs/journal.md)
 KERNEL_FLOOR_S = 5e-6
 SLACK = 16.0  # dlight's Phi-2 kernels ran 5.3-16x their DRAM bound on the H200
 REPEAT, MIN_REPEAT_MS = 5, 20

@@ -1,23 +1,22 @@
 """Every call the bundle makes into the rule sets, the scheduling policy and the workloads, in one place.
 
-The rules and the schedule dispatch are being reshaped (issue 51); a rename there is a one-line change
-here.  Nothing else in ``tvm_ext.bundle`` imports ``tvm_ext.rulesets``, ``tvm_ext.tune.seeds`` or the
-Phi-2 bench's kernel sets.
+Nothing else in ``tvm_ext.bundle`` imports ``tvm_ext.rulesets``, ``tvm_ext.scheduling`` or the Phi-2
+bench's kernel sets: a rename there is a one-line change here.
 """
 from __future__ import annotations
 
 
 def _policy():
-    """The module holding the one-kernel scheduling policy (issue 51 moves it to ``tvm_ext.scheduling``)."""
-    try:
-        from tvm_ext import scheduling
-    except ImportError:
-        from tvm_ext.tune import seeds as scheduling
+    """The module holding the one-kernel scheduling policy."""
+    from tvm_ext import scheduling
+
     return scheduling
 
 
 def is_gpu(target) -> bool:
-    return target.kind.name in ("cuda", "rocm", "vulkan", "metal", "opencl")
+    from tvm_ext.schedule_rule import is_gpu as gpu
+
+    return gpu(target)
 
 
 def space(target, ruleset: str):
@@ -36,22 +35,11 @@ def untuned_schedule(mod, target):
     found = policy.rule_schedule(mod, target)
     if found is not None:
         return found[1]
-    validate = _build_validator(target)
+    validate = policy.build_validator(target)
     sch = policy.dlight_schedule(mod, target, validate)[1]
     if sch is not None:
         return sch
     return policy.untuned_schedule(mod, target) if validate is None else policy.as_built(mod)
-
-
-def _build_validator(target):
-    if not is_gpu(target):
-        return None
-    import os
-
-    import tvm
-
-    os.environ.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
-    return lambda m: tvm.compile(m, target=target)
 
 
 def rule_schedule(mod, target):
@@ -83,8 +71,7 @@ def phi2_kernels(workload_name: str, config: str, context: int, dtype: str) -> d
     bench (a decode step runs the layer's kernels 32 times, the head's once)."""
     from tvm_ext.bench.phi2.kernels import kernelsets
 
-    normalize = _policy().normalize if hasattr(_policy(), "normalize") else __import__(
-        "tvm_ext.bench.phi2.kernels", fromlist=["normalize"]).normalize
+    normalize = _policy().normalize
     _, kss = kernelsets(workload_name, config, context, 1, dtype)
     out = {}
     for fusion, ks in kss.items():
