@@ -46,7 +46,7 @@ def trials_per_task(work_dir):
     return {t["name"]: t["trials"] for t in tuning.report(work_dir)["tasks"]}
 
 
-@pytest.mark.slow  # 21 s; the node-loss and driver-kill tests below run by default
+@pytest.mark.slow  # 21 s (179 s on a loaded host)
 def test_cluster_database_holds_what_a_local_run_does(cluster, client, target, tmp_path, capsys):
     lines = []
     result = tune_on_cluster(tiny_workload(), target, str(tmp_path / "cluster"), TRIALS, client, log=lines.append)
@@ -64,6 +64,7 @@ def test_cluster_database_holds_what_a_local_run_does(cluster, client, target, t
     assert table[1].split()[-1] == "node" and all(row.split()[-1] in ("node1", "node2") for row in table[3:6])
 
 
+@pytest.mark.slow  # 85 s on 2 cores; a node leaving is checked by default in test_cluster_checks (dispatch)
 def test_a_node_killed_mid_run_and_the_job_completes(cluster, client, target, tmp_path, capsys):
     lines, killed = [], threading.Event()
     node1 = next(a for a, info in client.scheduler_info()["workers"].items() if info["name"] == "node1")
