@@ -30,15 +30,20 @@ TOL = 1e-4  # max |ours - reference| over max |reference|, each step (float32 ag
 def _generate_and_check(ckpt):
     """Our decoder (kernels as built: LLVM compiles them in a second) against the float64 reference of the same
     weights, prompt and greedy steps; returns the generated ids."""
-    model = ckpt.build(capacity=len(PROMPT) + TOKENS)
+    _, ids, logits = _decoder_matches_reference(ckpt.build(capacity=len(PROMPT) + TOKENS))
+    assert not np.allclose(logits[0], logits[1])
+    return ids
+
+
+def _decoder_matches_reference(model):
+    """(decoder, ids, logits) of ``model`` compiled for llvm, its greedy steps checked against the reference."""
     dec = pm.Decoder(model, tvm.compile(model.mod, target="llvm"))
     ids, logits = dec.generate(PROMPT, TOKENS)
     ref_ids, ref_logits = pm.reference_generate(model, PROMPT, TOKENS, follow=ids)
     assert ids == ref_ids
     for got, want in zip(logits, ref_logits):
         assert np.abs(got - want).max() <= TOL * np.abs(want).max()
-    assert not np.allclose(logits[0], logits[1])
-    return ids
+    return dec, ids, logits
 
 
 @pytest.fixture(scope="module")
@@ -216,17 +221,10 @@ def test_architecture_options_on_random_weights(options):
     assert (head["lm_head"][-1] is None) == (not options["lm_bias"])
     table = model.embed_weights(head)
     assert (table[0] is head["lm_head"][0]) == (options["embed"] == "tied")
-    dec = pm.Decoder(model, tvm.compile(model.mod, target="llvm"))
-    ids, logits = dec.generate(PROMPT, TOKENS)
-    ref_ids, ref_logits = pm.reference_generate(model, PROMPT, TOKENS, follow=ids)
-    assert ids == ref_ids
-    for got, want in zip(logits, ref_logits):
-        assert np.abs(got - want).max() <= TOL * np.abs(want).max()
-    with pytest.raises(ValueError, match="compute int8 runs on q4 weights"):
-        if options["weights"] != "q4":
+    dec, _, _ = _decoder_matches_reference(model)
+    if options["weights"] != "q4":  # q4 weights take compute int8: nothing to refuse there
+        with pytest.raises(ValueError, match="compute int8 runs on q4 weights"):
             pm.build_model(cfg, layers=1, capacity=4, compute="int8")
-        else:
-            raise ValueError("compute int8 runs on q4 weights")  # q4 takes int8: nothing to refuse
     with pytest.raises(ValueError, match="token ids must be from 0"):
         dec.generate([cfg["vocab"]], 1)
 
