@@ -1,23 +1,81 @@
-"""The builder every tvm_ext tuning run uses: TVM's LocalBuilder without the ~30 s
-tensor-intrinsic import per worker, with a timeout that survives a loaded machine."""
+"""The builder every tvm_ext tuning run uses: TVM's LocalBuilder with its worker processes kept between
+batches and without the tensor-intrinsic import per worker, with a timeout that survives a loaded machine."""
 from __future__ import annotations
 
 import os
+import weakref
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir.meta_schedule.builder import BuilderResult, LocalBuilder
+from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
 BUILD_TIMEOUT_S = 300  # a kill switch, not a measurement: busy 2-core machines need headroom
+# A worker process is replaced after this many builds: TVM starts fresh workers for every batch because
+# of a memory leak after some uses; a bound on the uses keeps that in check at a fraction of the starts.
+WORKER_USES = 64
+
+
+@derived_object
+class PooledLocalBuilder(LocalBuilder._cls):  # pylint: disable=protected-access
+    """LocalBuilder whose worker processes live across batches (each replaced after ``WORKER_USES`` builds).
+
+    TVM's LocalBuilder starts a new pool for every batch and one more for its sanity check: each worker
+    is a fresh ``python -m tvm.exec.popen_worker`` that imports TVM (3-6 s of CPU, more where torch is
+    installed, which tvm_ffi imports with it), often longer than the batch's builds on a small task.
+    Results and timeouts are reported as LocalBuilder reports them; a timed-out worker is killed and
+    started again on its next build.
+    """
+
+    def __init__(self, **kwargs):
+        self._pool = None
+        super().__init__(**kwargs)
+
+    def _executor(self) -> PopenPoolExecutor:
+        if self._pool is None:
+            self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
+                                           initializer=self.initializer, maximum_process_uses=WORKER_USES)
+            weakref.finalize(self, self._pool.shutdown)  # at the latest when the process exits
+        return self._pool
+
+    def _sanity_check(self) -> None:
+        """LocalBuilder's check that the worker can resolve the build and export functions, on a worker
+        that the first batch then reuses."""
+        from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
+
+        def check(f_build, f_export):
+            get_global_func_with_default_on_worker(name=f_build, default=None)
+            get_global_func_with_default_on_worker(name=f_export, default=None)
+
+        self._executor().submit(check, self.f_build, self.f_export).result()
+
+    def build(self, build_inputs):
+        work = [(self.f_build, self.f_export, x.mod, x.target, _serialize_params(x.params)) for x in build_inputs]
+        results = []
+        for done in self._executor().map_with_error_catching(lambda args: _worker_func(*args), work):
+            if done.status == StatusKind.COMPLETE:
+                results.append(BuilderResult(done.value, None))
+            elif done.status == StatusKind.TIMEOUT:
+                results.append(BuilderResult(None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"))
+            else:
+                results.append(BuilderResult(None, f"LocalBuilder: An exception occurred\n{done.value}"))
+        return results
+
+    def close(self) -> None:
+        """Stop the worker processes now (they also stop when the builder is collected or Python exits)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
 
 def fast_local_builder(timeout_sec: float = 120.0, max_workers: int | None = None):
-    """A LocalBuilder that skips ``import tvm.s_tir.tensor_intrin`` in its workers.
+    """A pooled LocalBuilder that skips ``import tvm.s_tir.tensor_intrin`` in its workers.
 
-    TVM 0.27's default build function imports that package in every fresh worker, and
-    LocalBuilder starts fresh workers for every batch: ~30 s of CPU per worker per batch
-    (the CUDA intrinsics), far more than building the candidates. The candidates are
-    already tensorized when they reach the builder, so the intrinsics are not needed.
-    The build function is defined in a closure so that cloudpickle sends it by value
-    (workers need not import tvm_ext).
+    TVM 0.27's default build function imports that package in every fresh worker: ~30 s of CPU
+    (the CUDA intrinsics), far more than building the candidates. The candidates are already
+    tensorized when they reach the builder, so the intrinsics are not needed. The build function is
+    defined in a closure so that cloudpickle sends it by value (workers need not import tvm_ext).
     """
-    from tvm.s_tir.meta_schedule.builder import LocalBuilder  # pylint: disable=import-outside-toplevel
 
     def make_build():
         def build(mod, target, _params):
@@ -30,7 +88,7 @@ def fast_local_builder(timeout_sec: float = 120.0, max_workers: int | None = Non
 
         return build
 
-    return LocalBuilder(f_build=make_build(), timeout_sec=timeout_sec, max_workers=max_workers)
+    return PooledLocalBuilder(f_build=make_build(), timeout_sec=timeout_sec, max_workers=max_workers)
 
 
 def build_workers() -> int | None:
@@ -41,6 +99,6 @@ def build_workers() -> int | None:
 
 
 def make_builder():
-    """A local builder whose workers skip importing TVM's tensor intrinsics (~30 s each),
+    """A local builder whose workers live across batches and skip importing TVM's tensor intrinsics,
     with a timeout that survives a loaded machine (TVM's default is 30 s)."""
     return fast_local_builder(timeout_sec=BUILD_TIMEOUT_S, max_workers=build_workers())
