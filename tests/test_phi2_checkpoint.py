@@ -113,6 +113,33 @@ def test_gguf_q4_0_maps_exactly_and_other_types_through_float(hf_dir, tmp_path):
     _generate_and_check(q8)
 
 
+def test_matrices_converted_a_slice_of_rows_at_a_time_as_whole(hf_dir, tmp_path, monkeypatch):
+    """``checkpoint.Source`` reads, converts and writes a matrix ``CHUNK`` bytes of rows at a time (the file's
+    pages given back between two): the q4 weights are those of the whole matrix quantized at once (HF: q, k and
+    v tensors apart, slices ending inside each), a GGUF's Q4_0 rows repack as the whole does."""
+    from tvm_ext.workloads.phi2 import checkpoint
+    from tvm_ext.workloads.phi2.tensors import quantize_q4
+
+    gg = write_gguf(str(tmp_path / "m.gguf"), hf_dir, "Q4_0", split_qkv=True)
+    for path in (hf_dir, gg):
+        monkeypatch.setattr(checkpoint, "CHUNK", 10 * 2 * 64)  # 10 rows of the 64-input matrices, 2 of fc2
+        sliced = load(path).source
+        got = [sliced.layer_weights(1), sliced.head_weights()["lm_head"], sliced.embed_weights()]
+        monkeypatch.setattr(checkpoint, "CHUNK", 1 << 30)
+        src = load(path).source
+        want = [src.layer_weights(1), src.head_weights()["lm_head"], src.embed_weights()]
+        for name in ("qkv", "dense", "fc1", "fc2"):
+            for a, b in zip(got[0][name], want[0][name]):
+                np.testing.assert_array_equal(a, b)
+        for a, b in zip(got[1:], want[1:]):
+            np.testing.assert_array_equal(a[0], b[0])
+            np.testing.assert_array_equal(a[1], b[1])
+        if path == hf_dir:  # and the file's matrices quantized whole
+            for name in ("qkv", "fc2"):
+                for a, b in zip(got[0][name][:2], quantize_q4(HFReader(hf_dir).matrix(name, 1)[1])):
+                    np.testing.assert_array_equal(a, b)
+
+
 def _one_line(capsys, argv):
     assert main(["generate", "--tokens", "2", "--quiet"] + argv) == 2
     err = capsys.readouterr().err.strip()

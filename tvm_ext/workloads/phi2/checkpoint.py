@@ -9,9 +9,11 @@ from the memory-mapped file (a tensor is copied once, when it is converted):
 * ``gguf_file.py``: a GGUF of llama.cpp's ``phi2`` architecture (Q4_0 exactly; Q8_0, F16, F32, BF16 and every
   type ``gguf.quants`` dequantizes, the K-quants among them, through float).
 
-A reader gives ``matrix(name, layer)`` as ("float", w (out, in)) or ("q4", packed, scale) and ``vector(name,
-layer)`` (LayerNorm, biases) as float32; ``Source`` turns them into the format the model keeps: q4f16_1
-(float weights quantized as MLC quantizes them, ``quantize_q4``) or float (q4 weights dequantized).  Names
+A reader gives ``parts(name, layer)``, a matrix's row parts (one per file tensor) read rows at a time as
+("float", w (rows, in)) or ("q4", packed, scale), ``matrix(name, layer)`` the same read whole, and
+``vector(name, layer)`` (LayerNorm, biases) as float32; ``Source`` turns them into the format the model keeps:
+q4f16_1 (float weights quantized as MLC quantizes them, ``quantize_q4``, a slice of rows at a time, the file's
+pages given back between two) or float (q4 weights dequantized).  Names
 of our decoder: per layer ln_g, ln_b, qkv (q, k, v rows concatenated), dense, fc1, fc2 and their biases
 (``<name>_b``); lnf_g, lnf_b, lm_head, lm_head_b; embed.
 """
@@ -22,10 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arch import GROUP
 from .layers import dequantize_np
-from .tensors import quantize_q4
+from .tensors import quantize_q4, shape_of
 
 MATRICES = ("qkv", "dense", "fc1", "fc2")
+CHUNK = 16 << 20  # bytes of a matrix's rows converted between two releases of the file's pages
 WEIGHTS = ("q4", "float")  # what ``load`` keeps: q4f16_1, or float as the checkpoint stores it (float32 on a CPU)
 
 
@@ -36,14 +40,33 @@ class Source:
         self.reader, self.weights = reader, weights
 
     def _matrix(self, name, layer=None, bias=True):
-        got = self.reader.matrix(name, layer)
         b = self.reader.vector(f"{name}_b", layer) if bias else None
         if self.weights == "q4":
-            w = got[1:] if got[0] == "q4" else quantize_q4(got[1])
-            return (*w, b)
+            return (*self._q4(name, layer), b)
+        got = self.reader.matrix(name, layer)
         if got[0] == "q4":
             return (np.ascontiguousarray(dequantize_np(*got[1:]).T.astype(self.weights)), b)
         return (np.ascontiguousarray(got[1], dtype=self.weights), b)
+
+    def _q4(self, name, layer):
+        """(packed, scale) of the matrix ``name``, read, converted and written into them ``CHUNK`` bytes of
+        the file at a time, the file's pages given back after each (the lm_head and the embedding are 262 MB of
+        fp16 each in Phi-2: read whole, their pages would stay resident beside what they become)."""
+        parts = self.reader.parts(name, layer)
+        n, k = sum(rows for rows, _ in parts), shape_of(self.reader.cfg, name)[1]
+        packed, scale = np.empty((n, k // 8), np.uint32), np.empty((n, k // GROUP), np.float16)
+        step = max(1, CHUNK // (2 * k))  # rows of an fp16 file
+        base = 0
+        for rows, read in parts:
+            for r in range(0, rows, step):
+                got, at = read(r, min(r + step, rows)), slice(base + r, base + min(r + step, rows))
+                if got[0] == "q4":
+                    packed[at], scale[at] = got[1], got[2]
+                else:
+                    quantize_q4(got[1], out=(packed[at], scale[at]))
+                self.reader.release()
+            base += rows
+        return packed, scale
 
     def _done(self, w):
         """``w`` owning its arrays (no view of the file left), the file's pages given back (``tensors.release``)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tensors import check_shape, import_optional, missing, release, shape_of
+from .tensors import check_shape, import_optional, missing, release, shape_of, whole
 
 ARCH = "phi2"
 PER_LAYER = {"ln_g": ("attn_norm.weight",), "ln_b": ("attn_norm.bias",), "dense": ("attn_output.weight",),
@@ -89,7 +89,8 @@ class GGUFReader:
         return tuple(f"blk.{layer}.{p}" for p in PER_LAYER[name])
 
     def _one(self, tname, shape):
-        """("q4", packed, scale) of a Q4_0 matrix, else ("float", array); ``shape`` its numpy (out, in)."""
+        """A row part (``tensors.whole``) of the tensor ``tname``, ``shape`` its numpy (out, in): a Q4_0
+        matrix's rows as ("q4", packed, scale), exactly, else ("float", rows)."""
         t = self.tensors.get(tname)
         if t is None:
             raise missing(self.path, tname)
@@ -97,26 +98,28 @@ class GGUFReader:
         check_shape(f"{self.path}: {tname}", _Shape(got), shape)
         kind = t.tensor_type
         q = self.gguf.GGMLQuantizationType
+        rows = shape[0]
+        data = np.asarray(t.data).reshape(rows, -1)  # a view of the file; a row of blocks per output
         if kind == q.Q4_0 and len(shape) == 2:
-            return ("q4", *q4_0_to_q4(t.data, *shape))
+            return rows, lambda r0, r1: ("q4", *q4_0_to_q4(data[r0:r1], r1 - r0, shape[1]))
         if kind in (q.F32, q.F16):
-            return ("float", np.asarray(t.data).reshape(shape))
+            return rows, lambda r0, r1: ("float", data[r0:r1].reshape((r1 - r0,) + tuple(shape[1:])))
         try:
-            return ("float", self.gguf.quants.dequantize(t.data, kind).reshape(shape))
+            self.gguf.quants.dequantize(data[:1], kind)
         except NotImplementedError:
             raise ValueError(f"{self.path}: {tname} is {kind.name}, a type gguf cannot dequantize") from None
+        return rows, lambda r0, r1: ("float", self.gguf.quants.dequantize(data[r0:r1], kind).reshape(
+            (r1 - r0,) + tuple(shape[1:])))
 
-    def matrix(self, name, layer=None):
+    def parts(self, name, layer=None):
+        """The matrix or vector ``name`` as row parts (``tensors.whole``): one per tensor of the file
+        (attn_qkv, or attn_q, attn_k and attn_v apart), rows read at a time."""
         names = self._names(name, layer)
         want = shape_of(self.cfg, name)
-        parts = [self._one(n, (want[0] // len(names),) + tuple(want[1:])) for n in names]
-        if len(parts) == 1:
-            return parts[0]
-        if all(p[0] == "q4" for p in parts):
-            return ("q4", np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
-        from .layers import dequantize_np
+        return [self._one(n, (want[0] // len(names),) + tuple(want[1:])) for n in names]
 
-        return ("float", np.concatenate([p[1] if p[0] == "float" else dequantize_np(*p[1:]).T for p in parts]))
+    def matrix(self, name, layer=None):
+        return whole(self.parts(name, layer))
 
     def vector(self, name, layer=None):
         got = self.matrix(name, layer)

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from .tensors import check_shape, missing, release, shape_of
+from .tensors import check_shape, missing, release, shape_of, whole
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 ARCHITECTURE = "PhiForCausalLM"
@@ -96,16 +96,17 @@ class HFReader:
             raise ValueError(f"{path}: tensors of dtype {', '.join(bad)}; this reader takes F32, F16 and BF16")
         self.stored = "/".join(kinds)
 
-    def _tensor(self, name):
+    def _raw(self, name):
+        """The tensor ``name`` as a view of its file (BF16 as its uint16 bits) and its dtype."""
         if name not in self.index:
             raise missing(self.path, name)
         dtype, shape, begin, end, file = self.index[name]
         if file not in self.maps:
             self.maps[file] = np.memmap(file, dtype=np.uint8, mode="r")
-        raw = self.maps[file][begin:end].view(DTYPES[dtype]).reshape(shape)
-        if dtype == "BF16":  # the top half of a float32: widened exactly
-            return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return raw
+        return self.maps[file][begin:end].view(DTYPES[dtype]).reshape(shape), dtype
+
+    def _tensor(self, name):
+        return _widened(*self._raw(name))
 
     def _names(self, name, layer):
         if layer is None:
@@ -115,18 +116,23 @@ class HFReader:
             return (hf,)
         return tuple(f"model.layers.{layer}.{p}" for p in PER_LAYER[name])
 
-    def _read(self, name, layer):
-        parts = [self._tensor(n) for n in self._names(name, layer)]
+    def parts(self, name, layer=None):
+        """The matrix or vector ``name`` as row parts (``tensors.whole``): one per file tensor (q, k and v
+        apart), each read as views of the file, rows at a time."""
+        names = self._names(name, layer)
         want = shape_of(self.cfg, name)
-        for n, p in zip(self._names(name, layer), parts):
-            check_shape(f"{self.path}: {n}", p, (want[0] // len(parts),) + tuple(want[1:]))
-        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        out = []
+        for n in names:
+            raw, dtype = self._raw(n)
+            check_shape(f"{self.path}: {n}", raw, (want[0] // len(names),) + tuple(want[1:]))
+            out.append((raw.shape[0], lambda r0, r1, raw=raw, dtype=dtype: ("float", _widened(raw[r0:r1], dtype))))
+        return out
 
     def matrix(self, name, layer=None):
-        return ("float", self._read(name, layer))
+        return whole(self.parts(name, layer))
 
     def vector(self, name, layer=None):
-        return np.asarray(self._read(name, layer), dtype=np.float32)
+        return np.asarray(self.matrix(name, layer)[1], dtype=np.float32)
 
     def release(self):
         release(self.maps.values())
@@ -135,3 +141,10 @@ class HFReader:
         from .tokenizer import beside
 
         return beside(self.path)
+
+
+def _widened(raw, dtype):
+    """A view of the file as float: BF16 (the top half of a float32) widened exactly, F16 / F32 as they are."""
+    if dtype == "BF16":
+        return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return raw

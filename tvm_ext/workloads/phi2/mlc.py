@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from .tensors import check_shape, missing, release, shape_of
+from .tensors import check_shape, missing, release, shape_of, whole
 
 QUANTIZATIONS = ("q4f16_1", "q0f16", "q0f32")
 MODEL_TYPES = ("phi", "phi-msft")
@@ -94,13 +94,19 @@ class MLCReader:
             return (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(r["shape"])
         return raw.view(DTYPES[r["dtype"]]).reshape(r["shape"])
 
-    def matrix(self, name, layer=None):
+    def parts(self, name, layer=None):
+        """The matrix ``name`` as one row part (``tensors.whole``) of views of the file."""
         stem = _mlc_name(name, layer)
         n, k = shape_of(self.cfg, name)
         if f"{stem}.q_weight" in self.index:
-            return ("q4", check_shape(f"{self.path}: {stem}.q_weight", self._tensor(f"{stem}.q_weight"), (n, k // 8)),
-                    check_shape(f"{self.path}: {stem}.q_scale", self._tensor(f"{stem}.q_scale"), (n, k // 32)))
-        return ("float", check_shape(f"{self.path}: {stem}.weight", self._tensor(f"{stem}.weight"), (n, k)))
+            w = check_shape(f"{self.path}: {stem}.q_weight", self._tensor(f"{stem}.q_weight"), (n, k // 8))
+            s = check_shape(f"{self.path}: {stem}.q_scale", self._tensor(f"{stem}.q_scale"), (n, k // 32))
+            return [(n, lambda r0, r1: ("q4", w[r0:r1], s[r0:r1]))]
+        w = check_shape(f"{self.path}: {stem}.weight", self._tensor(f"{stem}.weight"), (n, k))
+        return [(n, lambda r0, r1: ("float", w[r0:r1]))]
+
+    def matrix(self, name, layer=None):
+        return whole(self.parts(name, layer))
 
     def vector(self, name, layer=None):
         mlc = _mlc_name(name, layer)
