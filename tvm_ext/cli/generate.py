@@ -34,6 +34,12 @@ def add_parser(sub) -> None:
                         "the float rows'; tuned: the int8 model with the best records of --database for "
                         "the kernels it holds, as int8 for the rest (tuned at 0 trials is int8); none: "
                         "unscheduled kernels (quick checks)")
+    p.add_argument("--kv-cache", metavar="LIST", default=None,
+                   help="the KV cache's storage, comma-separated, each a row for each --schedule (same weights and "
+                        "past): float32 (default), float16 (half the bytes; the attention computes in float32) or int8 "
+                        "(a quarter, plus one float32 scale per position and head); rows other than float32 report "
+                        "their tokens and logits against the float32 cache's row of their schedule. Decode only (not "
+                        "with --prompt, --model or a GPU --target)")
     p.add_argument("--database", metavar="DIR", default=None,
                    help=f"tuning work dir for --schedule tuned (default: with --tune {INT8_DATABASE}, "
                         f"else the saved {SAVED_INT8_DATABASE} where it exists)")
@@ -92,6 +98,10 @@ def run(args) -> int:
 
     from tvm_ext.schedule_rule import is_gpu
 
+    kv = kv_caches(args)
+    if kv != ["float32"] and (args.model is not None or args.prompt or args.target != "llvm"):
+        raise ValueError("--kv-cache float16 / int8 is the CPU decode benchmark's for now (not with --prompt, --model "
+                         "or a GPU --target)")
     if args.model is not None:  # a user's checkpoint: text in, text out
         from tvm_ext.cli.generate_text import run_model
 
@@ -138,7 +148,7 @@ def run(args) -> int:
     rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                            context=args.context, threads=args.threads, seed=args.seed,
                            database=int8_database(args), tune_trials=args.tune, rounds=args.rounds, peer=peer,
-                           log=quiet, target=target_of(args))
+                           log=quiet, target=target_of(args), kv_dtypes=kv)
     if record is not None:  # peer_rows, filled round by round, are the record's rows
         for r in rows:
             r["peers"] = [record]
@@ -147,6 +157,16 @@ def run(args) -> int:
         write_json(args.out, doc)
     print(json.dumps(doc) if args.json else format_table(rows))
     return 0
+
+
+def kv_caches(args) -> list:
+    """The --kv-cache list (one clear line for a bad one)."""
+    from tvm_ext.workloads.phi2.kv_cache import KV_DTYPES
+
+    names = list(dict.fromkeys(k.strip() for k in (args.kv_cache or "float32").split(",") if k.strip()))
+    if not names or any(k not in KV_DTYPES for k in names):
+        raise ValueError(f"--kv-cache takes {', '.join(KV_DTYPES)} (comma-separated), not {args.kv_cache!r}")
+    return names
 
 
 def run_gpu(args) -> int:
@@ -216,10 +236,15 @@ def format_table(rows) -> str:
     from tvm_ext.cli.table import fmt, render
 
     d = rows[0]
+    caches = {r.get("kv_cache", "float32") for r in rows}
+    name = (lambda r: r["schedule"]) if len(caches) == 1 else (lambda r: f"{r['schedule']} kv {r['kv_cache']}")
+    per_token = ("" if len(caches) > 1 else f"{(d['weight_bytes'] + d['kv_bytes']) / 1e6:.1f} MB per token "
+                 f"({d.get('kv_cache', 'float32')} KV cache), ")
     head = (f"phi2 decode, {d['config']}: {d['layers']} layers, {d['tokens']} tokens after {d['context']} past "
-            f"positions, {d['threads']} threads, {d['device']}; {(d['weight_bytes'] + d['kv_bytes']) / 1e6:.1f} "
-            f"MB per token, bandwidth {d['bandwidth_gbs']:.1f} GB/s")
-    table = render([""] + [r["schedule"] for r in rows], [
+            f"positions, {d['threads']} threads, {d['device']}; {per_token}bandwidth {d['bandwidth_gbs']:.1f} GB/s")
+    by_cache = [["MB per token (KV)"] + [f"{(r['weight_bytes'] + r['kv_bytes']) / 1e6:.1f} "
+                                         f"({r['kv_bytes'] / 1e6:.1f})" for r in rows]] if len(caches) > 1 else []
+    table = render([""] + [name(r) for r in rows], by_cache + [
         ["tokens/s"] + [f"{r['tok_s']:.2f}" for r in rows],
         ["bound tokens/s"] + [f"{r['bound_tok_s']:.2f}" for r in rows],
         ["% of bound"] + [f"{100 * r['tok_s'] / r['bound_tok_s']:.1f}" for r in rows],
@@ -231,19 +256,24 @@ def format_table(rows) -> str:
         lines.append(f"{peer['peer']} (Q4_0, commit {peer['commit'][:7]}, once per round after our rows): "
                      f"{float(np.median(rates)):.2f} tok/s after {d['context']} positions (rounds: "
                      + " ".join(f"{t:.1f}" for t in rates) + "); each row's median ratio to it in the same round: "
-                     + ", ".join(f"{r['schedule']} {r['vs_peer']:.2f}x" for r in rows if "vs_peer" in r))
+                     + ", ".join(f"{name(r)} {r['vs_peer']:.2f}x" for r in rows if "vs_peer" in r))
     for r in rows:
         for other, cmp in r.get("vs_float", {}).items():
-            lines.append(f"{r['schedule']} vs {other}: {100 * cmp['same_tokens']:.0f}% same tokens, first-step "
+            lines.append(f"{name(r)} vs {other}: {100 * cmp['same_tokens']:.0f}% same tokens, first-step "
                          f"logits differ by up to {cmp['max_abs_logit_err']:.3g} (|logits| up to "
                          f"{cmp['max_abs_logit']:.3g})")
+        if "vs_float32_cache" in r:
+            cmp = r["vs_float32_cache"]
+            lines.append(f"{name(r)} vs its float32 cache: {100 * cmp['same_tokens']:.0f}% same tokens, logits differ "
+                         f"by up to {cmp['max_abs_logit_err_steps']:.3g} over the {cmp['steps_compared']} steps "
+                         f"before the first other token (|logits| up to {cmp['max_abs_logit']:.3g})")
     lines += ["", "kernels inside the running step (one instrumented step per round, medians): ms per step "
               "(all layers), x = that time over the kernel's bytes at its round's copy bandwidth",
-              kernel_table(rows)]
+              kernel_table(rows, name)]
     return "\n".join(lines)
 
 
-def kernel_table(rows) -> str:
+def kernel_table(rows, name=lambda r: r["schedule"]) -> str:
     """One line per kernel (joined by label across the rows: qkv is one line for the float and int8
     models), largest share of the last row first: each row's ms, share and x its bound."""
     from tvm_ext.cli.table import fmt, render
@@ -258,6 +288,6 @@ def kernel_table(rows) -> str:
             k = kernels.get(label)
             line += [fmt(k and k["ms"], ".3f"), fmt(k and 100 * k["share"], ".1f"), fmt(k and k.get("x_bound"), ".2f")]
         lines.append(line)
-    head = ["kernel"] + [c for r in rows for c in (f"{r['schedule']} ms", "%", "x")]
+    head = ["kernel"] + [c for r in rows for c in (f"{name(r)} ms", "%", "x")]
     return render(head, lines, "<" + ">" * (len(head) - 1))
 

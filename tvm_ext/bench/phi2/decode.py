@@ -12,7 +12,8 @@ copy bandwidth.
 bound_tok_s = DRAM bandwidth / bytes a token must stream: all layers' and the head's
 weights (packed q4, fp16 scales, biases, LayerNorm) plus the keys and values of the cached
 positions each step attends to (averaged over the steps; the attention kernels read the
-whole cache capacity, context + tokens, masked), the embedding row aside.  The
+whole cache capacity, context + tokens, masked), the embedding row aside.  The cache's bytes are its
+dtype's (``kv_dtypes``: one row per schedule and cache dtype, each with its own bytes and bound).  The
 bandwidth is ``kernels.measure_bandwidth``'s copy bandwidth (read + written bytes per
 second; the fastest of TVM's parallel copy and NumPy's, measured before and after each
 decode).
@@ -26,6 +27,7 @@ import numpy as np
 from tvm_ext.bench.phi2.kernels import measure_bandwidth, nbytes, normalize
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.rulesets import SCHEDULES, check_schedules
+from tvm_ext.workloads.phi2.kv_cache import check_kv_dtype
 
 INT8_ROWS = ("int8", "tuned")  # rows of the int8 model (compute="int8"): different numbers than the float rows'
 DECODE_FUNCS = ("embed", "layer", "head")
@@ -80,17 +82,17 @@ def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=Non
 
 def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dlight", threads=None,
                log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0, rounds=1,
-               peer=None) -> dict:
+               peer=None, kv_dtype="float32") -> dict:
     """Run the decode (see the module docstring); returns {layers, tokens, context, tok_s,
     bound_tok_s, weight_bytes, kv_bytes, bandwidth_gbs, kernels: [{name, label, calls, ms, share,
     mbytes, bound_ms, x_bound}] (``_kernel_rows``), schedule, device, threads, ...}."""
     return decode_e2e_rows((schedule,), config, layers, tokens, context, threads, log, target, seed,
-                           bandwidth_mb, database, tune_trials, rounds, peer)[0]
+                           bandwidth_mb, database, tune_trials, rounds, peer, (kv_dtype,))[0]
 
 
 def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=512, threads=None,
                     log=print, target="llvm", seed=0, bandwidth_mb=512, database=None, tune_trials=0,
-                    rounds=3, peer=None) -> list:
+                    rounds=3, peer=None, kv_dtypes=("float32",)) -> list:
     """``decode_e2e`` for each of ``schedules`` in one process: one bandwidth measurement,
     the weights generated and uploaded once per layout, the same past and first token for each.
     The ``INT8_ROWS`` run the int8 model; ``tuned`` reads ``database``, which ``tune_trials`` > 0
@@ -99,7 +101,10 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     ``tokens`` tokens once per round, the rows interleaved; its tok/s is the median round's, its
     ``of_bound`` the median of its rounds' tok/s over that round's bound (the copy bandwidth measured
     just before and after it).  ``peer``: a callable timed once per round after the rows, returning
-    its tok/s (llama.cpp's decode); each row's ``vs_peer`` is the median of the rounds' ratios."""
+    its tok/s (llama.cpp's decode); each row's ``vs_peer`` is the median of the rounds' ratios.
+    ``kv_dtypes``: the KV cache's storage (``kv_cache.KV_DTYPES``), a row for each schedule and each of them
+    (``kv_cache`` in the row), the same weights and past; a row whose cache is not float32 says how its
+    decode differs from the float32 cache's row of its schedule (``_compare_caches``)."""
     from tvm_ext.tune.seeds import tuned_inputs
     from tvm_ext.workloads.phi2 import model as pm
 
@@ -110,6 +115,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     if context < 0:
         raise ValueError(f"context must be at least 0, not {context}")
     pm.check_config(config, layers, context + tokens)
+    kv_dtypes = [check_kv_dtype(kv) for kv in kv_dtypes]
     for how in check_schedules(schedules, SCHEDULES):  # one clear line before minutes of work
         if how == "tuned" and not tune_trials:
             tuned_inputs(database)
@@ -131,33 +137,40 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         return tvm_gbs, np_gbs
 
     samples = [bandwidth()]
-    model = pm.build_model(config, layers, capacity=context + tokens, seed=seed)
+    models = {}  # (compute, kv dtype): the model (same weights and parameters in all)
+
+    def model_of(compute, kv):
+        if (compute, kv) not in models:
+            models[compute, kv] = pm.build_model(config, layers, capacity=context + tokens, seed=seed,
+                                                 compute=compute, kv_dtype=kv)
+        return models[compute, kv]
+
+    model = model_of("float", kv_dtypes[0])
     weight_bytes = model.weight_bytes()
-    kv_bytes = float(np.mean([model.kv_bytes(p + 1) for p in range(context, context + tokens)]))
+    kv_bytes = {kv: float(np.mean([model_of("float", kv).kv_bytes(p + 1) for p in range(context, context + tokens)]))
+                for kv in kv_dtypes}
     host = describe_host()
     rows, weights = [], None
-    int8_model = None
-    if any(how in INT8_ROWS for how in schedules):  # same weights and parameters, int8 projections
-        int8_model = pm.build_model(config, layers, capacity=context + tokens, seed=seed, compute="int8")
     if tune_trials and "tuned" in schedules:
         from tvm_ext.bench.cycled import CycledTimer
         from tvm_ext.tune.seeds import tune_from_rules
 
-        tune_from_rules(model_kernels(int8_model), target, database, tune_trials, log,
+        tune_from_rules(model_kernels(model_of("int8", kv_dtypes[0])), target, database, tune_trials, log,
                         measure=CycledTimer(target))
-    decs = []
+    decs = []  # ((schedule, kv dtype), Decoder)
     for how in schedules:
-        dec = decoder(int8_model if how in INT8_ROWS else model, target, how, dev=dev, log=log, database=database,
-                      share=weights)
-        weights = weights or dec
-        decs.append((how, dec))
-    runs, steps = {how: [] for how in schedules}, {how: [] for how in schedules}
+        for kv in kv_dtypes:
+            dec = decoder(model_of("int8" if how in INT8_ROWS else "float", kv), target, how, dev=dev, log=log,
+                          database=database, share=weights)
+            weights = weights or dec
+            decs.append(((how, kv), dec))
+    runs, steps = {key: [] for key, _ in decs}, {key: [] for key, _ in decs}
     edges, peer_s = [bandwidth()], []  # the copy bandwidth between rounds; the peer's tok/s in each
     for rnd in range(rounds):  # rows interleaved round by round: a shared host's bandwidth drifts by the minute
-        for how, dec in decs:
-            log(f"round {rnd + 1}/{rounds}: {how}")
-            runs[how].append(_timed_decode(dec, tokens, context, seed, log))
-            steps[how].append(_instrumented_step(dec, runs[how][-1][1], context))
+        for key, dec in decs:
+            log(f"round {rnd + 1}/{rounds}: {key[0]}, {key[1]} KV cache")
+            runs[key].append(_timed_decode(dec, tokens, context, seed, log))
+            steps[key].append(_instrumented_step(dec, runs[key][-1][1], context))
         if peer is not None:
             peer_s.append(peer())
         edges.append(bandwidth())
@@ -165,26 +178,28 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     # each round's bound: the fastest copy just before and after it (a loaded machine only makes a copy
     # slower); a row's share of the bound is its median round's, in that round's bound
     round_gbs = [max(*edges[r], *edges[r + 1]) for r in range(rounds)]
-    round_bound = [gbs * 1e9 / (weight_bytes + kv_bytes) for gbs in round_gbs]
-    for how, dec in decs:
-        secs = [r[0] for r in runs[how]]
-        _, ids, logits = runs[how][0]
+    # the bound takes the fastest copy seen before and after the decodes (a loaded machine
+    # only makes a copy slower): the strictest bound
+    bw_tvm, bw_np = max(t for t, _ in samples), max(n for _, n in samples)
+    for (how, kv), dec in decs:
+        secs = [r[0] for r in runs[how, kv]]
+        _, ids, logits = runs[how, kv][0]
         tok_s = [tokens / t for t in secs]
-        row = {"schedule": how, "tok_s": tokens / float(np.median(secs)), "tok_s_rounds": tok_s,
+        per_token = weight_bytes + kv_bytes[kv]
+        round_bound = [gbs * 1e9 / per_token for gbs in round_gbs]
+        row = {"schedule": how, "kv_cache": kv, "kv_bytes": int(kv_bytes[kv]),
+               "bound_tok_s": max(bw_tvm, bw_np) * 1e9 / per_token, "bound_tok_s_rounds": round_bound,
+               "tok_s": tokens / float(np.median(secs)), "tok_s_rounds": tok_s,
                "of_bound": float(np.median([t / b for t, b in zip(tok_s, round_bound)])),
-               "kernels": _kernel_rows(dec, steps[how], round_gbs), "rules": dec.rules, "generated": ids,
-               "first_logits": logits[0]}
+               "kernels": _kernel_rows(dec, steps[how, kv], round_gbs), "rules": dec.rules, "generated": ids,
+               "logits": logits}
         if peer_s:
             row["vs_peer"] = float(np.median([t / p for t, p in zip(tok_s, peer_s)]))
         rows.append(row)
     del decs
-    # the bound takes the fastest copy seen before and after the decodes (a loaded machine
-    # only makes a copy slower): the strictest bound
-    bw_tvm, bw_np = max(t for t, _ in samples), max(n for _, n in samples)
     common = {
         "config": config, "layers": layers, "tokens": tokens, "context": context,
-        "bound_tok_s": max(bw_tvm, bw_np) * 1e9 / (weight_bytes + kv_bytes), "bound_tok_s_rounds": round_bound,
-        "weight_bytes": int(weight_bytes), "kv_bytes": int(kv_bytes), "bandwidth_gbs": max(bw_tvm, bw_np),
+        "weight_bytes": int(weight_bytes), "bandwidth_gbs": max(bw_tvm, bw_np),
         "bandwidth_tvm_gbs": bw_tvm, "bandwidth_numpy_gbs": bw_np,
         "threads": threads,
         "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
@@ -193,27 +208,45 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         common["peer_tok_s_rounds"] = peer_s
     rows = [dict(common, **r) for r in rows]
     _compare_int8(rows)
+    _compare_caches(rows)
     for r in rows:
-        r.pop("first_logits")
+        r.pop("logits")
     return rows
 
 
+def _differ(r, f) -> dict:
+    """How row ``r``'s decode differs from row ``f``'s: {"same_tokens": fraction of generated ids equal,
+    "max_abs_logit_err": at the first step, "max_abs_logit": ``f``'s there}."""
+    return {"same_tokens": float(np.mean([a == b for a, b in zip(r["generated"], f["generated"])])),
+            "max_abs_logit_err": float(np.max(np.abs(r["logits"][0] - f["logits"][0]))),
+            "max_abs_logit": float(np.max(np.abs(f["logits"][0])))}
+
+
 def _compare_int8(rows):
-    """On each int8 row (``INT8_ROWS``), how its decode differs from the float rows' of the same run:
-    ``vs_float`` {schedule: {"same_tokens": fraction of generated ids equal, "max_abs_logit_err":
-    at the first step, "max_abs_logit": the float row's}}."""
+    """On each int8 row (``INT8_ROWS``), how its decode differs from the float rows' of the same run with the
+    same KV cache: ``vs_float`` {schedule: ``_differ``}."""
     for r in rows:
         if r["schedule"] not in INT8_ROWS:
             continue
-        r["vs_float"] = {}
-        for f in rows:
-            if f["schedule"] in INT8_ROWS or f["schedule"] == "none":
-                continue
-            same = np.mean([a == b for a, b in zip(r["generated"], f["generated"])])
-            r["vs_float"][f["schedule"]] = {
-                "same_tokens": float(same),
-                "max_abs_logit_err": float(np.max(np.abs(r["first_logits"] - f["first_logits"]))),
-                "max_abs_logit": float(np.max(np.abs(f["first_logits"])))}
+        r["vs_float"] = {f["schedule"]: _differ(r, f) for f in rows if f["schedule"] not in INT8_ROWS
+                         and f["schedule"] != "none" and f["kv_cache"] == r["kv_cache"]}
+
+
+def _compare_caches(rows):
+    """On each row whose KV cache is not float32, how its decode differs from the float32 cache's row of the
+    same schedule: ``vs_float32_cache`` (``_differ``, plus "steps_compared" and "max_abs_logit_err_steps":
+    the largest logit error over the steps before the first token that differs, where both decodes saw the
+    same tokens)."""
+    for r in rows:
+        f = next((f for f in rows if f["kv_cache"] == "float32" and f["schedule"] == r["schedule"]), None)
+        if r["kv_cache"] == "float32" or f is None:
+            continue
+        same = 0
+        while same < len(r["generated"]) and r["generated"][same] == f["generated"][same]:
+            same += 1
+        steps = min(same + 1, len(r["logits"]))  # a step's logits come before its token: one more is comparable
+        err = max(float(np.max(np.abs(a - b))) for a, b in zip(r["logits"][:steps], f["logits"][:steps]))
+        r["vs_float32_cache"] = dict(_differ(r, f), steps_compared=steps, max_abs_logit_err_steps=err)
 
 
 def _timed_decode(dec, tokens, context, seed, log):

@@ -177,6 +177,11 @@ def _te_split_heads(qkv, offset, heads, head_dim):
     )
 
 
+def _up(x, dtype):
+    """``x`` in the compute ``dtype``: a cache element stored narrower (float16, int8) is cast where it is loaded."""
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
 def _te_attn_score(q, k, head_dim, dtype):
     from tvm import te, tirx
 
@@ -186,7 +191,7 @@ def _te_attn_score(q, k, head_dim, dtype):
     scale = tirx.const(1.0 / math.sqrt(head_dim), dtype)
     return te.compute(
         (1, heads, n, t),
-        lambda b, h, i, j: te.sum(q[b, i, h, r] * scale * k[b, j, h, r], axis=r),
+        lambda b, h, i, j: te.sum(q[b, i, h, r] * scale * _up(k[b, j, h, r], dtype), axis=r),
         name="attn_score",
     )
 
@@ -220,7 +225,7 @@ def _te_exp_nonpositive(x, name="softmax_exp"):
     return te.compute(x.shape, f, name=name)
 
 
-def _te_softmax(s, past=None):
+def _te_softmax(s, past=None, scales=None):
     """softmax over the last axis of scores ``s`` (1, heads, n, t), with the causal mask ``j > i + past``
     applied where each element is read (no kernel of its own: a 512-token prefill's separate mask kernel
     took 5.8 ms a layer for 8.7 M floats, 2-core Zen 4) unless ``past`` is None, as a
@@ -228,22 +233,27 @@ def _te_softmax(s, past=None):
     took 7.5 ms a layer at 512 tokens, now 5.4 (unmasked 5.2).  A polynomial exp (``_te_exp_nonpositive``;
     TVM's ``fast_exp`` before it) instead of ``relax.op.nn.softmax``'s ``exp``, one scalar ``expf`` call per
     element on LLVM CPU targets: a 512-token prefill's softmax (32 x 512 x 528) took ~11 ms a layer whatever
-    its schedule, 5.0-6.7 ms with fast_exp."""
+    its schedule, 5.0-6.7 ms with fast_exp.  ``scales``: an int8 cache's key and value scales (1, heads, t)
+    (``kv_cache``): the scores times the key scales, the probabilities times the value scales."""
     from tvm import te, tirx
 
     *rows, d = s.shape
 
     def score(b, h, i, j):
+        x = s[b, h, i, j] if scales is None else s[b, h, i, j] * scales[0][0, h, j]
         if past is None:
-            return s[b, h, i, j]
-        return tirx.Select(j > _offset(i, past), tirx.min_value(s.dtype), s[b, h, i, j])
+            return x
+        return tirx.Select(j > _offset(i, past), tirx.min_value(s.dtype), x)
 
     k = te.reduce_axis((0, d), name="k")
     peak = te.compute(rows, lambda *i: te.max(score(*i, k), axis=k), name="softmax_max")
     e = _te_exp_nonpositive(te.compute(s.shape, lambda *i: score(*i) - peak(*i[:-1]), name="softmax_shift"))
     k2 = te.reduce_axis((0, d), name="k2")
     total = te.compute(rows, lambda *i: te.sum(e(*i, k2), axis=k2), name="softmax_sum")
-    return te.compute(s.shape, lambda *i: e(*i) / total(*i[:-1]), name="softmax_norm")
+    if scales is None:
+        return te.compute(s.shape, lambda *i: e(*i) / total(*i[:-1]), name="softmax_norm")
+    return te.compute(s.shape, lambda b, h, i, j: e(b, h, i, j) / total(b, h, i) * scales[1][0, h, j],
+                      name="softmax_norm")
 
 
 def _te_attn_value(p, v):
@@ -254,7 +264,8 @@ def _te_attn_value(p, v):
     r = te.reduce_axis((0, t), name="r")
     return te.compute(
         (1, n, heads * head_dim),
-        lambda b, i, c: te.sum(p[b, c // head_dim, i, r] * v[b, r, c // head_dim, c % head_dim], axis=r),
+        lambda b, i, c: te.sum(p[b, c // head_dim, i, r] * _up(v[b, r, c // head_dim, c % head_dim], p.dtype),
+                               axis=r),
         name="attn_value",
     )
 
@@ -350,12 +361,13 @@ def _linear_int8(bb, q, wt, epilogue):
                       primfunc_name_hint="q4_int8_gemm")
 
 
-def attention(bb, q, k, v, head_dim, dtype, mask_past=None):
+def attention(bb, q, k, v, head_dim, dtype, mask_past=None, scales=None):
     """softmax(q k^T / sqrt(head_dim)) v, with the causal mask ``j > i + mask_past`` unless
-    ``mask_past`` is None; (1, n, heads * head_dim)."""
+    ``mask_past`` is None; (1, n, heads * head_dim).  ``k`` and ``v`` may be stored narrower than ``dtype``
+    (float16, int8: cast as loaded); ``scales``: an int8 cache's (key scales, value scales)."""
 
     s = bb.emit_te(_te_attn_score, q, k, head_dim, dtype, primfunc_name_hint="attn_score")
-    p = bb.emit_te(_te_softmax, s, mask_past, primfunc_name_hint="softmax")
+    p = bb.emit_te(_te_softmax, s, mask_past, scales, primfunc_name_hint="softmax")
     return bb.emit_te(_te_attn_value, p, v, primfunc_name_hint="attn_value")
 
 

@@ -13,7 +13,8 @@ compiled module is small and the same kernels serve every layer:
   called once per layer with that layer's weights and cache;
 * ``head(h, lnf_g, lnf_b, lm_packed, lm_scale, lm_bias) -> (1, 1, vocab)`` logits.
 
-KV cache: per layer two fixed-capacity float32 arrays (1, capacity, heads, head_dim).
+KV cache: per layer two fixed-capacity arrays (1, capacity, heads, head_dim) in ``kv_dtype`` (float32 by
+default; float16, or int8 with scales beside: ``kv_cache.py``; the attention computes in float32).
 ``layer`` writes the new token's rotated key and value at ``pos`` **in place**
 (``call_tir_inplace``; the returned caches alias the ones passed in) and attends over the
 whole capacity with the causal mask ``j > pos``, so one compiled module serves every
@@ -34,8 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kernels import lower
-from .layers import (CONFIGS, GROUP, arch, attention, emit_head, emit_layer, emit_rope_qkv, embed_weights,
-                     head_weights, in_format, layer_weights, q4_value, reference_head, reference_layer, weight_np)
+from .kv_cache import cache_types, cached_attention, check_kv_dtype, kv_bytes, quantize_np, writer
+from .layers import (CONFIGS, GROUP, arch, emit_head, emit_layer, embed_weights, head_weights, in_format,
+                     layer_weights, q4_value, reference_head, reference_layer, weight_np)
 
 DEFAULT_LAYERS = {"full": 32, "reduced": 2}
 LAYER_WEIGHTS = ("ln_g", "ln_b", "qkv", "dense", "fc1", "fc2")
@@ -55,6 +57,7 @@ class Phi2Model:
     prompt: int = 0  # tokens of the compiled prefill (0: none; see ``_build_module``)
     dtype: str = DTYPE  # activations, caches, biases and LayerNorm (float16 in ``step``'s GPU build)
     source: object = None  # a checkpoint's weights (layer_weights(i), head_weights(), embed_weights()); None: random
+    kv_dtype: str = DTYPE  # the KV cache's storage (kv_cache.KV_DTYPES); the attention computes in ``dtype``
 
     def layer_weights(self, i):
         """NumPy weights of layer ``i`` (regenerated, or read from the checkpoint, on each call)."""
@@ -87,8 +90,8 @@ class Phi2Model:
         return self.layers * size(_flat(self.layer_weights(0))) + size(_flat(self.head_weights()))
 
     def kv_bytes(self, positions):
-        """Bytes of keys + values of ``positions`` cached tokens over all layers."""
-        return 2 * self.layers * positions * self.cfg["heads"] * self.cfg["head_dim"] * np.dtype(self.dtype).itemsize
+        """Bytes of keys + values (and int8's scales) of ``positions`` cached tokens over all layers."""
+        return kv_bytes(self.layers, positions, self.cfg["heads"], self.cfg["head_dim"], self.kv_dtype)
 
 
 def _flat(w, names=None):
@@ -121,14 +124,16 @@ def check_config(config, layers, capacity):
 
 
 def build_model(config="full", layers=None, capacity=512, seed=0, compute="float", prompt=0,
-                source=None) -> Phi2Model:
+                source=None, kv_dtype=DTYPE) -> Phi2Model:
     """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe.
     ``config``: a name in ``CONFIGS`` or an architecture (``arch.architecture``); ``source``: the
     weights of a checkpoint (``checkpoint.py``; default random from ``seed``).
     ``compute="int8"``: the projections quantize their activations to int8 (same weights and
     parameters; ``layers.projector``; q4 weights only).  ``prompt``: also compile a prefill of that many
-    tokens (even; with int8 its projections are the q4 x int8 GEMM on repacked weights)."""
+    tokens (even; with int8 its projections are the q4 x int8 GEMM on repacked weights).  ``kv_dtype``: the KV
+    cache's storage, float32, float16 or int8 (``kv_cache.py``)."""
     name, cfg = resolve_config(config)
+    check_kv_dtype(kv_dtype)
     layers = DEFAULT_LAYERS.get(name, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)
     if compute == "int8" and arch(cfg, "weights") != "q4":
@@ -137,8 +142,9 @@ def build_model(config="full", layers=None, capacity=512, seed=0, compute="float
     if prompt and (prompt < 2 or prompt % 2 or prompt > capacity):
         raise ValueError(f"a compiled prefill takes an even number of tokens from 2 to the cache's {capacity}, "
                          f"not {prompt}")
-    mod, _ = lower(_build_module(cfg, int(capacity), compute, prompt), fusion=True)
-    return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, compute, prompt, source=source)
+    mod, _ = lower(_build_module(cfg, int(capacity), compute, prompt, kv_dtype), fusion=True)
+    return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, compute, prompt, source=source,
+                     kv_dtype=kv_dtype)
 
 
 # --------------------------------------------------------------------------- Relax module
@@ -155,35 +161,6 @@ def _te_embed(token, *table_and_dtype):
     _, kw = packed.shape
     return te.compute((1, token.shape[0], kw * 8), lambda b, i, c: q4_value(packed, scale, token[i], c, dtype),
                       name="embed")
-
-
-def _kv_write(capacity, heads, head_dim, dtype):
-    """cache[0, pos[0]] = new[0, 0], in place (called through call_tir_inplace)."""
-    from tvm.script import tirx as T
-
-    @T.prim_func(private=True)
-    def kv_write(cache: T.Buffer((1, capacity, heads, head_dim), dtype),
-                 new: T.Buffer((1, 1, heads, head_dim), dtype), pos: T.Buffer((1,), "int32")):
-        T.func_attr({"op_pattern": 8, "tirx.noalias": True})  # opaque: never fused
-        for h, d in T.grid(heads, head_dim):
-            cache[0, pos[0], h, d] = new[0, 0, h, d]
-
-    return kv_write
-
-
-def _kv_write_prompt(capacity, tokens, heads, head_dim, dtype):
-    """cache[0, pos[0] + i] = new[0, i] for the ``tokens`` new positions, in place."""
-    from tvm.script import tirx as T
-
-    @T.prim_func(private=True)
-    def kv_write_prompt(cache: T.Buffer((1, capacity, heads, head_dim), dtype),
-                        new: T.Buffer((1, tokens, heads, head_dim), dtype), pos: T.Buffer((1,), "int32")):
-        T.func_attr({"op_pattern": 8, "tirx.noalias": True})  # opaque: never fused
-        for i in T.parallel(tokens):
-            for h, d in T.grid(heads, head_dim):
-                cache[0, pos[0] + i, h, d] = new[0, i, h, d]
-
-    return kv_write_prompt
 
 
 def _weight_vars(cfg, names, repacked=False, dtype=DTYPE):
@@ -221,27 +198,13 @@ def table_vars(cfg):
     return list(_weight_vars(cfg, (name,))[name][:-1])
 
 
-def cached_attention(bb, cfg, kc, vc, pos, kv_write, cache_t, dtype: str, written: list):
-    """``layers.emit_layer``'s ``attend`` for a layer with a KV cache: rope on q and k, the new keys and values
-    written into the caches ``kc`` / ``vc`` from ``pos`` in place by ``kv_write`` (the written caches appended
-    to ``written``), attention over the whole cache, masked after ``pos``."""
-    from tvm import relax
-
-    def attend(qkv):
-        q, k, v = emit_rope_qkv(bb, cfg, qkv, pos, dtype)
-        for cache, new in ((kc, k), (vc, v)):
-            written.append(bb.emit(relax.call_tir_inplace(kv_write, [cache, new, pos], 0, cache_t)))
-        return attention(bb, q, written[0], written[1], cfg["head_dim"], dtype, mask_past=pos)
-
-    return attend
-
-
-def _build_module(cfg, capacity, compute="float", prompt=0):
+def _build_module(cfg, capacity, compute="float", prompt=0, kv_dtype=DTYPE):
     from tvm import relax
 
     d, hh, hd = cfg["hidden"], cfg["heads"], cfg["head_dim"]
     bb = relax.BlockBuilder()
-    cache_t = relax.TensorType((1, capacity, hh, hd), DTYPE)
+    cache_ts = [relax.TensorType(shape, dt) for shape, dt in cache_types(capacity, hh, hd, kv_dtype)]
+    names = ("k_cache", "v_cache", "k_scale", "v_scale")
 
     def embed(name, n):
         token = relax.Var("token", relax.TensorType((n,), "int32"))
@@ -253,13 +216,13 @@ def _build_module(cfg, capacity, compute="float", prompt=0):
 
     def layer(name, n, kv_write, repacked):
         x = relax.Var("x", relax.TensorType((1, n, d), DTYPE))
-        kc, vc = relax.Var("k_cache", cache_t), relax.Var("v_cache", cache_t)
+        cache = [relax.Var(n, t) for n, t in zip(names, cache_ts)]
         pos = relax.Var("pos", relax.TensorType((1,), "int32"))
         w = _weight_vars(cfg, LAYER_WEIGHTS, repacked)
-        with bb.function(name, [x, kc, vc, pos, *_flat(w, LAYER_WEIGHTS)]):
+        with bb.function(name, [x, *cache, pos, *_flat(w, LAYER_WEIGHTS)]):
             with bb.dataflow():
                 caches = []
-                attend = cached_attention(bb, cfg, kc, vc, pos, kv_write, cache_t, DTYPE, caches)
+                attend = cached_attention(bb, cfg, cache, pos, kv_write, DTYPE, caches)
                 h = emit_layer(bb, cfg, w, x, DTYPE, attend, compute)
                 out = bb.emit_output(relax.Tuple([h, *caches]))
             bb.emit_func_output(out)
@@ -275,11 +238,11 @@ def _build_module(cfg, capacity, compute="float", prompt=0):
             bb.emit_func_output(out)
 
     embed("embed", 1)
-    layer("layer", 1, bb.add_func(_kv_write(capacity, hh, hd, DTYPE), "kv_write"), repacked)
+    layer("layer", 1, bb.add_func(writer(capacity, 1, hh, hd, DTYPE, kv_dtype), "kv_write"), repacked)
     head("head", 1)
     if prompt:
         embed("embed_prompt", prompt)
-        kv_prompt = bb.add_func(_kv_write_prompt(capacity, prompt, hh, hd, DTYPE), "kv_write_prompt")
+        kv_prompt = bb.add_func(writer(capacity, prompt, hh, hd, DTYPE, kv_dtype), "kv_write_prompt")
         layer("prefill", prompt, kv_prompt, repacked)
         head("head_prompt", prompt)
     return bb.get()
@@ -324,25 +287,31 @@ class Decoder:
                 self.store["table"] = [up(a) for a in model.embed_weights(head)]
         self.layer_w, self.head_w = self.store[layout]
         self.table = self.store["table"]
-        cfg = model.cfg
-        shape = (1, model.capacity, cfg["heads"], cfg["head_dim"])
-        zeros = np.zeros(shape, model.dtype)
-        self.caches = [[up(zeros), up(zeros)] for _ in range(model.layers)]
+        types = cache_types(model.capacity, model.cfg["heads"], model.cfg["head_dim"], model.kv_dtype)
+        self.caches = [[tvm.runtime.tensor(np.zeros(*t), self.dev) for t in types] for _ in range(model.layers)]
 
     def fill_past(self, positions, seed=0, keep=False):
-        """Random keys and values (standard normal) in the first ``positions`` slots of every
-        layer's cache: a synthetic past context.  With ``keep``, returns them per layer as
-        (k, v) arrays (1, positions, heads, head_dim) (``reference_generate``'s ``past``)."""
+        """Random keys and values (standard normal, the same whatever the cache's dtype) in the first
+        ``positions`` slots of every layer's cache, stored as the cache stores them: a synthetic past
+        context.  With ``keep``, returns them per layer as (k, v) arrays (1, positions, heads, head_dim),
+        as stored (``reference_generate``'s ``past``)."""
         check_positions(self.model, positions)
         rng = np.random.default_rng([seed, 1 << 20])
-        cfg = self.model.cfg
+        cfg, kv = self.model.cfg, self.model.kv_dtype
         shape = (1, self.model.capacity, cfg["heads"], cfg["head_dim"])
         kept = []
-        for pair in self.caches:
-            for c in pair:
-                a = np.zeros(shape, self.model.dtype)
+        for arrays in self.caches:
+            for i, c in enumerate(arrays[:2]):
+                a = np.zeros(shape, "float32")
                 a[:, :positions] = rng.standard_normal((1, positions) + shape[2:])
-                c.copyfrom(a)
+                if kv == "int8":
+                    q, scale = quantize_np(a)
+                    c.copyfrom(q)
+                    arrays[2 + i].copyfrom(np.ascontiguousarray(scale.transpose(0, 2, 1)))
+                    a = q * scale[..., None]
+                else:
+                    a = a.astype(kv)
+                    c.copyfrom(a)
                 if keep:
                     kept.append(a[:, :positions].copy())
         return [tuple(kept[i:i + 2]) for i in range(0, len(kept), 2)] if keep else None
@@ -358,8 +327,7 @@ class Decoder:
         pos_t = self._i32(pos)
         x = call("embed", self._i32(token), *self.table)
         for i, w in enumerate(self.layer_w):
-            x, kc, vc = call("layer", x, self.caches[i][0], self.caches[i][1], pos_t, *w)
-            self.caches[i] = [kc, vc]
+            x, *self.caches[i] = call("layer", x, *self.caches[i], pos_t, *w)
         return call("head", x, *self.head_w).numpy().reshape(-1)
 
     def prefill(self, tokens, start=0, call=None):
@@ -374,8 +342,7 @@ class Decoder:
         pos_t = self._i32(start)
         x = call("embed_prompt", tvm.runtime.tensor(np.asarray(tokens, "int32"), self.dev), *self.table)
         for i, w in enumerate(self.layer_w):
-            x, kc, vc = call("prefill", x, self.caches[i][0], self.caches[i][1], pos_t, *w)
-            self.caches[i] = [kc, vc]
+            x, *self.caches[i] = call("prefill", x, *self.caches[i], pos_t, *w)
         return call("head_prompt", x, *self.head_w).numpy().reshape(-1)
 
     def timed_kernels(self, run):

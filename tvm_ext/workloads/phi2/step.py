@@ -21,16 +21,18 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels import lower
+from .kv_cache import cached_attention, writer
 from .layers import emit_head, emit_layer
-from .model import (DEFAULT_LAYERS, LAYER_WEIGHTS, Decoder, Phi2Model, _flat, _kv_write, _te_embed, _weight_vars,
-                    cached_attention, check_config, resolve_config, table_vars)
+from .model import (DEFAULT_LAYERS, LAYER_WEIGHTS, Decoder, Phi2Model, _flat, _te_embed, _weight_vars, check_config,
+                    resolve_config, table_vars)
 
 STEP = "decode"
 HEAD_WEIGHTS = ("lnf_g", "lnf_b", "lm_head")
 
 
 def _kv_write_gpu(capacity, heads, head_dim, dtype):
-    """``model._kv_write`` with its thread bindings (a block a head, a thread an element), marked scheduled."""
+    """``kv_cache.writer``'s one-token write with its thread bindings (a block a head, a thread an element),
+    marked scheduled."""
     from tvm.script import tirx as T
 
     @T.prim_func(private=True)
@@ -57,7 +59,8 @@ def _build_step(cfg, layers: int, capacity: int, dtype: str, gpu: bool):
     head_w = _weight_vars(cfg, HEAD_WEIGHTS, dtype=dtype)
     tied = cfg.get("embed", "tied") == "tied"
     table = head_w["lm_head"][:-1] if tied else table_vars(cfg)  # a tied embedding reads lm_head's words
-    kv_write = bb.add_func((_kv_write_gpu if gpu else _kv_write)(capacity, hh, hd, dtype), "kv_write")
+    kv_write = bb.add_func(_kv_write_gpu(capacity, hh, hd, dtype) if gpu else writer(capacity, 1, hh, hd, dtype, dtype),
+                           "kv_write")
     params = [token, pos] + [c for pair in caches for c in pair]
     params += [v for w in weights for v in _flat(w, LAYER_WEIGHTS)] + _flat(head_w, HEAD_WEIGHTS)
     if not tied:
@@ -66,7 +69,7 @@ def _build_step(cfg, layers: int, capacity: int, dtype: str, gpu: bool):
         with bb.dataflow():
             x = bb.emit_te(_te_embed, token, *table, dtype, primfunc_name_hint="embed_lookup")
             for (kc, vc), w in zip(caches, weights):
-                attend = cached_attention(bb, cfg, kc, vc, pos, kv_write, cache_t, dtype, [])
+                attend = cached_attention(bb, cfg, [kc, vc], pos, kv_write, dtype, [])
                 x = emit_layer(bb, cfg, w, x, dtype, attend)
             out = bb.emit_output(emit_head(bb, cfg, head_w, x, 1, dtype))
         bb.emit_func_output(out)
@@ -80,7 +83,7 @@ def build_step(config="full", layers=None, capacity=512, seed=0, dtype="float16"
     layers = DEFAULT_LAYERS.get(name, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)
     mod, _ = lower(_build_step(cfg, layers, int(capacity), dtype, gpu), fusion=True)
-    return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, dtype=dtype)
+    return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, dtype=dtype, kv_dtype=dtype)
 
 
 def compile_step(mod, target):
