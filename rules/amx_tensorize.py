@@ -32,17 +32,13 @@ skip. ``tvm_ext.rulesets.with_amx`` puts it first on targets with AMX int8.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.postproc import RewriteReductionBlock
-from tvm.s_tir.meta_schedule.schedule_rule import (
-    MultiLevelTiling,
-    PyScheduleRule,
-    ScheduleRule,
-)
+from tvm.s_tir.meta_schedule.schedule_rule import MultiLevelTiling
 from tvm.s_tir.schedule.transform import tile_with_tensor_intrin
 
 from tvm_ext.intrinsics.amx import CHAIN, STRIDES, k_form_of, register_dot
 from tvm_ext.postprocs.amx_tile_config import AUTO_TENSORIZE, amx_blocks, tensorize_with_tile_config
+from tvm_ext.schedule_rule import ScheduleRule
 from tvm_ext.tir_utils import block_realize, collect
 from tvm_ext.rules.vnni_tensorize import (fuse_epilogue, operands_packed, protect_tensorization,
                                           tiling_options)
@@ -118,9 +114,9 @@ def tile_chained(sch, block, intrin: str):
     return tile[0]
 
 
-@derived_object
-class AMXTensorize(PyScheduleRule):
-    """Schedule rule: tensorize u8 x s8 -> s32 reductions with AMX tiles, epilogue fused.
+class AMXTensorize(ScheduleRule):
+    """Schedule rule: tensorize u8 x s8 -> s32 reductions with AMX tiles, epilogue fused.  A
+    block-level rule of the contract (``tvm_ext.schedule_rule``): MetaSchedule's face only.
 
     Parameters
     ----------
@@ -129,6 +125,9 @@ class AMXTensorize(PyScheduleRule):
     emulated: tensorize with the plain-code twins of the AMX intrinsics (same addresses
         and layouts, no tile instructions): tests of the rule on hosts without AMX.
     """
+
+    name = "amx_tensorize"
+    gpu = False
 
     def __init__(self, max_innermost_factor: int = 64, fuse: bool = True, emulated: bool = False) -> None:
         super().__init__()
@@ -140,7 +139,7 @@ class AMXTensorize(PyScheduleRule):
         # operands are indexed by plain iterators: the A and B tiles cannot be)
         self._mlt = MultiLevelTiling(**tiling_options(max_innermost_factor))
 
-    def _initialize_with_tune_context(self, context) -> None:
+    def initialize(self, context) -> None:
         from tvm_ext.amx import request_amx_if_host_has_it  # pylint: disable=import-outside-toplevel
 
         request_amx_if_host_has_it()  # the process's tile permission, before any tile instruction runs here
@@ -180,7 +179,7 @@ class AMXTensorize(PyScheduleRule):
                  if k_form_of(i) in ("k4", "k")]
         return plain[0] if plain else None
 
-    def apply(self, sch, block):
+    def candidates(self, sch, block, target):
         out = []
         for intrin in self.choose_intrins(sch, block):
             out += self._tile(sch, block, intrin)
@@ -226,5 +225,5 @@ class AMXTensorize(PyScheduleRule):
         blocks = amx_blocks(tmp.mod)
         return bool(blocks) and all(tensorize_with_tile_config(tmp, *b) for b in blocks)
 
-    def clone(self) -> ScheduleRule:
+    def clone(self) -> "AMXTensorize":
         return AMXTensorize(self.max_innermost_factor, self.fuse, self.emulated)

@@ -21,7 +21,8 @@ else's function alone. ``tvm_ext.install()`` drives both; this rule itself needs
 PostOrderApply skips annotated blocks for every rule except TVM's ApplyCustomRule,
 so this rule handles all annotated blocks of the function whenever it is applied
 to any block; `tvm_ext.space` keeps TVM's ApplyCustomRule after it for functions
-whose blocks are all annotated.
+whose blocks are all annotated.  A block-level rule of the contract (``tvm_ext.schedule_rule``),
+MetaSchedule's face only: the functions it calls take MetaSchedule schedules and may sample.
 """
 from __future__ import annotations
 
@@ -29,10 +30,9 @@ import warnings
 
 import tvm
 import tvm_ffi
-from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 
+from tvm_ext.schedule_rule import ScheduleRule
 from tvm_ext.tir_utils import blocks_of, prim_funcs
 
 ANNOTATION = "schedule_rule"
@@ -145,22 +145,16 @@ def _still_annotated(sch, block) -> bool:
         return False
 
 
-@derived_object
-class ApplyBlockAttrRule(PyScheduleRule):
+def lookup_keys(target) -> tuple:
+    """The keys a custom rule is looked up under for ``target``: the target's own, then ``generic``."""
+    return (tuple(str(k) for k in target.keys) if target is not None else ()) + ("generic",)
+
+
+class ApplyBlockAttrRule(ScheduleRule):
     """Schedule rule: run the custom rule named by each block's schedule_rule annotation."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.keys = ("generic",)
+    name = "apply_block_attr"
+    gpu = None
 
-    def _initialize_with_tune_context(self, context) -> None:
-        target_keys = [str(k) for k in context.target.keys] if context.target is not None else []
-        self.keys = tuple(target_keys) + ("generic",)
-
-    def apply(self, sch, block):
-        return apply_block_attr_rules(sch, self.keys)
-
-    def clone(self):
-        other = ApplyBlockAttrRule()
-        other.keys = self.keys
-        return other
+    def candidates(self, sch, block, target):
+        return apply_block_attr_rules(sch, lookup_keys(target))

@@ -12,17 +12,20 @@ inlines a constant block only when PostOrderApply reaches it; this one inlines a
 of them in the function on the first visit to any block, whatever the visiting
 order, and never raises (a block it cannot inline, e.g. one that writes a function
 output, is left untouched). Detection is by structure, never by block name.
+
+A block-level rule of the contract (``tvm_ext.schedule_rule``): its MetaSchedule face inlines in
+place and hands the schedule on; ``apply(func, target)`` is the same inlining as a fresh schedule
+(None where the function has no such block).
 """
 from __future__ import annotations
 
-from tvm.ir.utils import derived_object
-from tvm.s_tir.meta_schedule.schedule_rule import PyScheduleRule
 from tvm.s_tir.schedule import ScheduleError
 from tvm.s_tir.stmt import SBlock
 from tvm import tirx
 
 from tvm.ir.expr import TensorLoad, Var
 
+from tvm_ext.schedule_rule import ScheduleRule
 from tvm_ext.tir_utils import blocks_of, collect, has_load_or_var, is_param, prim_funcs
 
 
@@ -70,16 +73,25 @@ def inline_constant_scalars(sch) -> int:
     return inlined
 
 
-@derived_object
-class InlineConstantScalars(PyScheduleRule):
+def _plan(func) -> list | None:
+    """Names of ``func``'s constant-scalar blocks that do not write a parameter, or None where there are none."""
+    names = [block.name_hint for block in blocks_of(func)
+             if is_constant_scalar_block(block) and not is_param(func, block.writes[0].source)]
+    return names or None
+
+
+def _schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:  # pylint: disable=unused-argument
+    inline_constant_scalars(sch)
+
+
+class InlineConstantScalars(ScheduleRule):
     """Schedule rule: inline all constant-scalar blocks before any consumer is visited."""
 
-    def _initialize_with_tune_context(self, context) -> None:
-        pass
+    name = "inline_constant_scalars"
+    gpu = None
+    plan_of = staticmethod(_plan)
+    schedule_with = staticmethod(_schedule)
 
-    def apply(self, sch, block):
+    def candidates(self, sch, block, target):
         inline_constant_scalars(sch)
         return [sch]
-
-    def clone(self):
-        return InlineConstantScalars()

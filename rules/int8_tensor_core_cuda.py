@@ -16,11 +16,16 @@ Its ``mma.sync`` int8 intrinsics are not an option there: the rule's ``mma`` pat
 written for fp16 ``m16n8k8`` fragments only.
 The input's shift and padding are inlined into the shared-memory copy, the requantize epilogue
 reads the tile from shared memory in the same kernel.  Needs ``RewriteTensorize`` among the
-postprocessors; sm_72 and later.
+postprocessors; sm_72 and later.  A block-level rule of the contract (``tvm_ext.schedule_rule``):
+MetaSchedule's face only, TVM's tiling answering for each block.
 """
 from __future__ import annotations
 
+import copy
+
 from tvm.s_tir import meta_schedule as ms
+
+from tvm_ext.schedule_rule import ScheduleRule
 
 MIN_ARCH = 72  # int8 wmma fragments: Turing (sm_72/sm_75) and later
 
@@ -42,16 +47,35 @@ def supported(target) -> bool:
     return arch.startswith("sm_") and int(arch[3:]) >= MIN_ARCH
 
 
-def Int8TensorCoreCUDA() -> ms.schedule_rule.ScheduleRule:  # pylint: disable=invalid-name
+class Int8TensorCoreCUDA(ScheduleRule):
     """The rule (module doc): TVM's tiling for tensor cores with our int8 groups and scopes."""
-    reuse = ms.schedule_rule.ReuseType
-    return ms.schedule_rule.MultiLevelTilingTensorCore(
-        intrin_groups=int8_groups(),
-        structure="SSSRRSRS",
-        tile_binds=["blockIdx.y", "blockIdx.x", "threadIdx.y"],
-        max_innermost_factor=4,
-        vector_load_lens=[1, 2, 4, 8, 16],
-        reuse_read=reuse(req="must", levels=[4], scope="shared"),
-        reuse_write=reuse(req="must", levels=[2], scope="shared.dyn"),
-        use_software_pipeline=False,
-    )
+
+    name = "int8_tensor_core_cuda"
+    gpu = True
+
+    def __init__(self) -> None:
+        reuse = ms.schedule_rule.ReuseType
+        self._mlt = ms.schedule_rule.MultiLevelTilingTensorCore(
+            intrin_groups=int8_groups(),
+            structure="SSSRRSRS",
+            tile_binds=["blockIdx.y", "blockIdx.x", "threadIdx.y"],
+            max_innermost_factor=4,
+            vector_load_lens=[1, 2, 4, 8, 16],
+            reuse_read=reuse(req="must", levels=[4], scope="shared"),
+            reuse_write=reuse(req="must", levels=[2], scope="shared.dyn"),
+            use_software_pipeline=False,
+        )
+
+    def is_target_available(self, target) -> bool:
+        return supported(target)
+
+    def initialize(self, context) -> None:
+        self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
+
+    def candidates(self, sch, block, target):
+        return list(self._mlt.apply(sch, block))
+
+    def clone(self) -> "Int8TensorCoreCUDA":
+        other = copy.copy(self)
+        other._mlt = self._mlt.clone()  # TVM's clone keeps what the tune context set
+        return other

@@ -36,19 +36,14 @@ before MultiLevelTiling (``with_vnni``, which picks the form by ``u8s8_intrin_na
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.ir.utils import derived_object
 from tvm.s_tir import TensorIntrin
-from tvm.s_tir.meta_schedule.schedule_rule import (
-    MultiLevelTilingWithIntrin,
-    PyScheduleRule,
-    ReuseType,
-    ScheduleRule,
-)
+from tvm.s_tir.meta_schedule.schedule_rule import MultiLevelTilingWithIntrin, ReuseType
 from tvm.s_tir.schedule import ScheduleError
 from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
 
 from tvm_ext.intrinsics.vnni import (AVX2_INTRIN, AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, PAIRS_FIT_INT16_ATTR,
                                       register_intrinsics)
+from tvm_ext.schedule_rule import ScheduleRule
 
 AUTO_TENSORIZE_ATTR = "meta_schedule.auto_tensorize"
 # On the innermost tile loop of a tensorized block: any loop annotation stops TVM's
@@ -182,10 +177,10 @@ def tiling_options(max_innermost_factor: int) -> dict:
                 reuse_write=ReuseType(req="must", levels=[1, 2], scope="global"))
 
 
-@derived_object
-class VNNITensorize(PyScheduleRule):
+class VNNITensorize(ScheduleRule):
     """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI (or AVX2 on annotated
-    blocks), epilogue fused.
+    blocks), epilogue fused.  A block-level rule of the contract (``tvm_ext.schedule_rule``):
+    MetaSchedule's face only, its tiles are sampled.
 
     Parameters
     ----------
@@ -195,6 +190,9 @@ class VNNITensorize(PyScheduleRule):
     max_innermost_factor: as in MultiLevelTiling.
     fuse: fold the elementwise epilogue into the tile (see module doc).
     """
+
+    name = "vnni_tensorize"
+    gpu = False
 
     def __init__(self, intrin_name: str = AVX512_VNNI_INTRIN, max_innermost_factor: int = 64,
                  fuse: bool = True) -> None:
@@ -208,11 +206,11 @@ class VNNITensorize(PyScheduleRule):
         self._mlt = MultiLevelTilingWithIntrin(intrin_name, **tiling_options(max_innermost_factor))
         self._context = None
 
-    def _initialize_with_tune_context(self, context) -> None:
+    def initialize(self, context) -> None:
         self._context = context
         self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
 
-    def apply(self, sch, block):
+    def candidates(self, sch, block, target):
         stmt = sch.get(block)
         if self.intrin_name == AVX2_INTRIN and not annotated_pairs_fit(stmt):
             return [sch]  # vpmaddubsw could saturate on these weights (module doc)
@@ -258,5 +256,5 @@ class VNNITensorize(PyScheduleRule):
         except Exception:  # pylint: disable=broad-except
             return False
 
-    def clone(self) -> ScheduleRule:
+    def clone(self) -> "VNNITensorize":
         return VNNITensorize(self.intrin_name, self.max_innermost_factor, self.fuse)

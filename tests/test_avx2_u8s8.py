@@ -132,7 +132,7 @@ def test_rule_leaves_unannotated_blocks_alone(value):
     case = CASES["dense"]() if value is None else _annotated(CASES["dense"](), value)
     sch = tvm.s_tir.Schedule(case.mod)
     rule = V.VNNITensorize(I.AVX2_INTRIN)
-    (out,) = rule.apply(sch, sch.get_sblock("dense_int8"))
+    (out,) = rule.candidates(sch, sch.get_sblock("dense_int8"), AVX2)
     tvm.ir.assert_structural_equal(out.mod, case.mod)
     ctx = tune_context(case.mod, AVX2, tvm_ext.space(AVX2))
     sketches = ctx.generate_design_space()

@@ -45,9 +45,9 @@ def test_an_s8_conv_gets_wmma_sketches_and_a_u8_conv_none():
 def test_the_rule_is_in_the_space_from_sm_72_and_not_upstream():
     names = lambda target, ruleset="plugin": [type(r).__name__ for r in  # noqa: E731
                                               __import__("tvm_ext").default_rules(target, ruleset)]
-    assert "MultiLevelTilingTensorCore" in names(cuda_target("sm_75"))
-    assert "MultiLevelTilingTensorCore" not in names(resolve_target({"kind": "cuda", "arch": "sm_70"}))
-    assert "MultiLevelTilingTensorCore" not in names(TARGET, "upstream")
+    assert "Int8TensorCoreCUDA" in names(cuda_target("sm_75"))
+    assert "Int8TensorCoreCUDA" not in names(resolve_target({"kind": "cuda", "arch": "sm_70"}))
+    assert "Int8TensorCoreCUDA" not in names(TARGET, "upstream")
     posts = [type(p).__name__ for p in __import__("tvm_ext").default_postprocs(TARGET)]
     assert posts.index("RewriteTensorize") < posts.index("VerifyGPUCode")  # verified as compiled
     assert not rule.supported(resolve_target("llvm"))

@@ -85,9 +85,11 @@ def unregister() -> None:
 
 
 def _register(name: str, cls) -> str:
+    """``name`` constructs ``cls``: a rule's MetaSchedule face (every rule is a ``tvm_ext.ScheduleRule``), a
+    postproc as it is."""
     from tvm_ext.schedule_rule import ScheduleRule
 
-    make = (lambda: cls().meta_schedule()) if isinstance(cls, type) and issubclass(cls, ScheduleRule) else cls
+    make = (lambda: cls().meta_schedule()) if issubclass(cls, ScheduleRule) else cls
     tvm_ffi.register_global_func(name, lambda: make(), override=True)
     if name not in _OWN:
         _OWN.append(name)

@@ -43,6 +43,7 @@ RULESETS = ("plugin", "no-inline-const", "upstream")
 SCHEDULES = ("dlight", "rule", "int8", "tuned", "none")
 GPU_SCHEDULES = ("dlight", "rule")  # the GPU decode's rows
 PROMPT_SCHEDULES = ("int8", "tuned")  # the int8 prompt's rows
+MODEL_SCHEDULES = ("dlight", "rule", "none")  # a loaded checkpoint's decoder (float projections, no database)
 LAYER_SCHEDULES = ("dlight", "metaschedule", "seeded", "rule")  # the layer bench's rows: tuned from scratch,
 # tuned from our rules' seeds (``tuned`` on the database it fills), ``rule`` where our rules exist for the target
 
@@ -113,10 +114,10 @@ def default_rules(target: tvm.target.Target, ruleset: str = "plugin") -> list:
     for rule in upstream:
         name = _name(rule)
         if name == "ApplyCustomRule":
-            rules += [ApplyBlockAttrRule(), rule]
+            rules += [ApplyBlockAttrRule().meta_schedule(), rule]
         elif name == "InlineConstantScalars":
             if ruleset == "plugin":
-                rules.append(InlineConstantScalars())
+                rules.append(InlineConstantScalars().meta_schedule())
         else:
             rules.append(rule)
     if kind == "llvm":
@@ -166,7 +167,7 @@ def with_cuda_rules(rules: list, target) -> list:
 
     ours = [DequantGEMVCUDA().meta_schedule(), ContractionCUDA().meta_schedule()]
     if int8_tc.supported(target):
-        ours.append(int8_tc.Int8TensorCoreCUDA())
+        ours.append(int8_tc.Int8TensorCoreCUDA().meta_schedule())
     return _before_tiling(rules, ours)
 
 
@@ -216,9 +217,10 @@ def space(target: tvm.target.Target, ruleset: str = "plugin",
 
 
 # ----------------------------------------------------------------------------- VNNI presets
-def vnni_rules(target) -> List[ScheduleRule]:
-    """Rules to insert **before** MultiLevelTiling in an llvm rule list: VNNITensorize with
-    the target's 16x4 intrinsic (``u8s8_intrin_name``: VNNI, else AVX2 for annotated blocks).
+def vnni_rules(target) -> list:
+    """Our rules to insert **before** MultiLevelTiling in an llvm rule list (``with_vnni`` inserts their
+    MetaSchedule faces): VNNITensorize with the target's 16x4 intrinsic (``u8s8_intrin_name``: VNNI,
+    else AVX2 for annotated blocks).
 
     Empty when the target has neither (non-x86, x86 without AVX2, cuda).
     """
@@ -250,7 +252,7 @@ def with_vnni(rules: List[ScheduleRule], postprocs: List[Postproc], target):
     idx = next((i for i, n in enumerate(names) if n == "MultiLevelTiling"), None)
     if idx is None:
         idx = next((i for i, n in enumerate(names) if n == "ParallelizeVectorizeUnroll"), len(rules))
-    rules[idx:idx] = extra_rules
+    rules[idx:idx] = [rule.meta_schedule() for rule in extra_rules]
     posts = list(postprocs)
     pnames = [type(p).__name__ for p in posts]
     # RewriteTensorize runs after RewriteReductionBlock (it tensorizes the update block
@@ -288,7 +290,7 @@ def with_amx(rules: List[ScheduleRule], postprocs: List[Postproc], target):
     names = [type(r).__name__ for r in rules]
     idx = next((names.index(n) for n in ("VNNITensorize", "MultiLevelTiling", "ParallelizeVectorizeUnroll")
                 if n in names), len(rules))
-    rules[idx:idx] = [AMXTensorize()]
+    rules[idx:idx] = [AMXTensorize().meta_schedule()]
     pnames = [type(p).__name__ for p in posts]
     pidx = next((i + 1 for i, n in enumerate(pnames) if n == "RewriteReductionBlock"), len(posts))
     posts[pidx:pidx] = [AMXTileConfig()]

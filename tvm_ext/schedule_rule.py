@@ -1,15 +1,22 @@
-"""The rule contract: one base for every whole-function rule, with dlight's face and MetaSchedule's.
+"""The rule contract: one base for every rule in ``rules/``, with dlight's face and MetaSchedule's.
 
-A rule answers ``apply(func, target, tunable)`` as dlight's ``ScheduleRule`` does: a Schedule of
-``func`` (as ``main``) or None where it does not match; ``tunable=False`` is the deterministic
-schedule (good untuned), ``tunable=True`` the same schedule with its decisions sampled.  A subclass
+dlight's face, per function: ``apply(func, target, tunable)`` is a Schedule of ``func`` (as ``main``)
+or None where the rule does not match; ``tunable=False`` is the deterministic schedule (good
+untuned), ``tunable=True`` the same schedule with its decisions sampled.  A whole-function rule
 gives its pattern (``plan``), the blocks the plan covers (``blocks``) and the schedule
-(``schedule``); ``candidates`` is its MetaSchedule answer for one block, by default that schedule
-with sampled decisions added beside the other rules' sketches, its blocks marked for them to skip.
+(``schedule``).
+
+MetaSchedule's face, per block (as ``PyScheduleRule.apply(sch, block)``): ``candidates(sch, block,
+target)``.  For a whole-function rule it is, by default, its schedule with sampled decisions beside
+the other rules' sketches, its blocks marked for them to skip.  A block-level rule (tensorization,
+inlining: the work of one block, with MetaSchedule's own tiling inside) overrides ``candidates``;
+where it keeps state from the tune context it also gives ``initialize(context)`` and ``clone()``.
+Such a rule has no untuned form unless it gives ``plan`` and ``schedule`` too (its ``apply`` is None).
 
 ``rule.meta_schedule()`` is the one adapter that gives a rule its ``PyScheduleRule`` face for
-``PostOrderApply`` (named as the rule: ``type(r).__name__ == "RowNormCPU"``); the tune context's
-target reaches ``candidates``.
+``PostOrderApply`` (named as the rule: ``type(r).__name__ == "RowNormCPU"``; the rule's attributes
+read through it); the tune context's target reaches ``candidates``.  A rule given where TVM wants a
+MetaSchedule rule (``PostOrderApply(sch_rules=[InlineConstantScalars()])``) becomes its face.
 """
 from __future__ import annotations
 
@@ -33,9 +40,9 @@ def is_gpu(target) -> bool:
 
 class ScheduleRule(dlight.ScheduleRule):
     """Base of tvm_ext's rules (module doc).  ``name``: what the scheduling pass reports for a kernel
-    it scheduled; ``gpu``: whether the rule is for GPU targets (else CPU ones).  A rule whose pattern
-    and schedule need no target gives them as ``plan_of(func)`` and ``schedule_with(sch, plan, sample,
-    annotate)`` (staticmethods) instead of overriding ``plan`` and ``schedule``."""
+    it scheduled; ``gpu``: whether the rule is for GPU targets (False: CPU ones, None: any).  A rule
+    whose pattern and schedule need no target gives them as ``plan_of(func)`` and ``schedule_with(sch,
+    plan, sample, annotate)`` (staticmethods) instead of overriding ``plan`` and ``schedule``."""
 
     name = ""
     gpu = False
@@ -50,8 +57,10 @@ class ScheduleRule(dlight.ScheduleRule):
 
     # -- what a subclass gives
     def plan(self, func: tirx.PrimFunc, target) -> Optional[object]:
-        """The pattern's plan for ``func`` (``target`` may be None), or None where it does not match."""
-        return type(self).plan_of(func)
+        """The pattern's plan for ``func`` (``target`` may be None), or None where it does not match (or
+        the rule has no untuned form)."""
+        plan_of = type(self).plan_of
+        return None if plan_of is None else plan_of(func)
 
     def blocks(self, plan) -> Optional[tuple]:
         """Names of the blocks ``plan`` schedules (MetaSchedule applies the rule at one of them);
@@ -65,7 +74,7 @@ class ScheduleRule(dlight.ScheduleRule):
 
     # -- dlight's face
     def is_target_available(self, target) -> bool:
-        return is_gpu(target) == self.gpu
+        return self.gpu is None or is_gpu(target) == self.gpu
 
     def apply(self, func, target=None, tunable: bool = False):
         """A Schedule of ``func`` as ``main`` with this rule's schedule (its decisions sampled where
@@ -105,10 +114,21 @@ class ScheduleRule(dlight.ScheduleRule):
             return [sch]
         return one_candidate(sch, lambda cand: self.schedule(cand, plan, target, sample=True, annotate=True))
 
+    def initialize(self, context) -> None:
+        """MetaSchedule's tune context reached the rule's face (nothing to keep by default)."""
+
+    def clone(self) -> "ScheduleRule":
+        """The rule behind a clone of its face: the rule itself where it keeps no state, else a copy."""
+        return self
+
     def meta_schedule(self, target=None) -> PyScheduleRule:
         """This rule as a MetaSchedule ``ScheduleRule`` (for ``PostOrderApply``); ``target`` until a tune
         context gives its own."""
         return self._face(self, target)
+
+    def __tvm_ffi_object__(self):
+        """The face, where the rule is passed to TVM (tvm-ffi's conversion protocol)."""
+        return self.meta_schedule()
 
 
 class _MetaScheduleFace(PyScheduleRule):
@@ -118,14 +138,21 @@ class _MetaScheduleFace(PyScheduleRule):
         super().__init__()
         self.rule, self.target = rule, target
 
+    def __getattribute__(self, name):  # the rule's own attributes (``intrin_name``, ...) read through its face
+        try:
+            return object.__getattribute__(self, name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "rule"), name)
+
     def _initialize_with_tune_context(self, context) -> None:
         self.target = context.target
+        self.rule.initialize(context)
 
     def apply(self, sch, block):
         return self.rule.candidates(sch, block, self.target)
 
     def clone(self):
-        return self.rule.meta_schedule(self.target)
+        return self.rule.clone().meta_schedule(self.target)
 
 
 def fresh_schedule(func, name: str, schedule_fn, errors=(ScheduleError,)):
