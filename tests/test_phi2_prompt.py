@@ -13,7 +13,7 @@ import pytest
 
 tvm = pytest.importorskip("tvm")
 
-from tvm_ext.bench.phi2.decode import decoder, schedule  # noqa: E402
+from tvm_ext.workloads.phi2.compiled import decoder, schedule  # noqa: E402
 from tvm_ext.cli.main import main  # noqa: E402
 from tvm_ext.intrinsics.q4_vnni import form_for  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 tvm = pytest.importorskip("tvm")
 
 from tvm_ext.bench.phi2 import decode_gpu  # noqa: E402
-from tvm_ext.bench.phi2.decode import decoder, schedule  # noqa: E402
+from tvm_ext.workloads.phi2.compiled import decoder, schedule  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
 from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
 from tvm_ext.workloads.phi2 import step as st  # noqa: E402

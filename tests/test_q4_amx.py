@@ -196,7 +196,7 @@ def test_plugin_space_on_an_amx_target():
 def test_prompt_model_on_an_amx_target_prefills_with_amx():
     """The model needs nothing of its own: scheduled for Sapphire Rapids, the prompt's GEMMs (16
     tokens: qkv, dense, fc1, fc2) are the AMX form, the decode's and lm_head's (one token) VNNI."""
-    from tvm_ext.bench.phi2.decode import schedule
+    from tvm_ext.workloads.phi2.compiled import schedule
     from tvm_ext.workloads.phi2 import model as pm
 
     model = pm.build_model("reduced", 2, capacity=18, seed=5, compute="int8", prompt=16)

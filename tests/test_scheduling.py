@@ -7,7 +7,7 @@ tvm = pytest.importorskip("tvm")
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import tvm_ext  # noqa: E402
-from tvm_ext.bench.phi2.decode import KV_WRITES, schedule  # noqa: E402
+from tvm_ext.workloads.phi2.compiled import KV_WRITES, schedule  # noqa: E402
 from tvm_ext.scheduling import dlight_schedule, kernel_key, normalize, schedule_module  # noqa: E402
 from tvm_ext.targets import resolve_target  # noqa: E402
 from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
@@ -32,7 +32,7 @@ def _commit_dlight_record(db, mod, target):
 @pytest.mark.parametrize("how", ["dlight", "rule", "int8", "none"])
 def test_public_pass_equals_the_commands_schedule(model, how):
     """``tvm_ext.ApplySchedules`` on the lowered Phi-2 module is, function for function, what ``generate``
-    compiles (``bench.phi2.decode.schedule``), with the same report of what scheduled each kernel."""
+    compiles (``workloads.phi2.compiled.schedule``), with the same report of what scheduled each kernel."""
     apply = tvm_ext.ApplySchedules(TARGET, how, skip=KV_WRITES)
     got = apply(model.mod)
     want, used = schedule(model.mod, TARGET, how)

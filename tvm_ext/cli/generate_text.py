@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 import time
 
-MODEL_SCHEDULES = ("dlight", "rule", "none")
-
 
 def add_arguments(p) -> None:
     p.add_argument("--model", metavar="PATH", default=None,
@@ -35,6 +33,7 @@ def run_model(args) -> int:
     from tvm_ext.bench.timing import set_threads
     from tvm_ext.cli.common import check_out_dir, log
     from tvm_ext.jsonio import write_json
+    from tvm_ext.rulesets import MODEL_SCHEDULES, check_schedules
     from tvm_ext.targets import describe_host, physical_cores
     from tvm_ext.workloads.phi2 import load
 
@@ -47,8 +46,7 @@ def run_model(args) -> int:
         raise ValueError("--model runs on this host's CPU (--target llvm) for now; on a GPU generate benchmarks "
                          "random weights")
     how = args.schedule or "dlight"
-    if how not in MODEL_SCHEDULES:
-        raise ValueError(f"with --model, --schedule takes one of {', '.join(MODEL_SCHEDULES)}, not {how!r}")
+    check_schedules((how,), MODEL_SCHEDULES, "with --model")
     check_out_dir(args.out)
     quiet = (lambda msg: None) if args.quiet else log
     threads = int(args.threads or physical_cores())
@@ -121,7 +119,7 @@ def compare_random(gen, prompt, tokens, rounds, how, log) -> dict:
     rounds' ratios (checkpoint over random)."""
     import numpy as np
 
-    from tvm_ext.bench.phi2.decode import decoder
+    from tvm_ext.workloads.phi2.compiled import decoder
     from tvm_ext.workloads.phi2.layers import CONFIGS
     from tvm_ext.workloads.phi2.model import build_model
     from tvm_ext.workloads.phi2.text import timed_generate

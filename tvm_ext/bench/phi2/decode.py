@@ -27,21 +27,11 @@ import numpy as np
 from tvm_ext.bench.phi2.kernels import measure_bandwidth, nbytes, normalize
 from tvm_ext.bench.timing import set_threads
 from tvm_ext.rulesets import SCHEDULES, check_schedules
+from tvm_ext.workloads.phi2.compiled import decoder
 from tvm_ext.workloads.phi2.kv_cache import check_kv_dtype
 
 INT8_ROWS = ("int8", "tuned")  # rows of the int8 model (compute="int8"): different numbers than the float rows'
 DECODE_FUNCS = ("embed", "layer", "head")
-KV_WRITES = ("kv_write", "kv_write_prompt")  # the in-place KV-cache writes: never scheduled
-
-
-def schedule(mod, target, how="dlight", database=None):
-    """(``mod`` scheduled ``how`` by ``tvm_ext.ApplySchedules``, {kernel: what scheduled it}); ``tuned``
-    reads the work dir ``database`` (``tune.seeds.tuned_inputs``); the in-place KV writes are left."""
-    from tvm_ext.scheduling import schedule_module
-    from tvm_ext.tune.seeds import tuned_inputs
-
-    db, kept = tuned_inputs(database) if how == "tuned" else (None, ())
-    return schedule_module(mod, target, how, db, kept, skip=KV_WRITES)
 
 
 def model_kernels(model, funcs=DECODE_FUNCS) -> dict:
@@ -58,26 +48,6 @@ def model_kernels(model, funcs=DECODE_FUNCS) -> dict:
             if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tir.is_scheduled" in func.attrs):
                 out[name] = normalize(func)
     return out
-
-
-def decoder(model, target="llvm", how="dlight", dev=None, log=None, database=None, share=None):
-    """``model.Decoder`` of ``model`` scheduled ``how`` and compiled for ``target``
-    (``share``: a Decoder of the same model whose uploaded weights it reuses); its ``rules``
-    attribute says which schedule each kernel got."""
-    import tvm
-
-    from tvm_ext.targets import resolve_target
-    from tvm_ext.workloads.phi2.model import Decoder
-
-    log = log or (lambda msg: None)
-    target = resolve_target(target)
-    t0 = time.time()
-    mod, used = schedule(model.mod, target, how, database)
-    ex = tvm.compile(mod, target=target)
-    log(f"built {model.config} decode step ({how}) in {time.time() - t0:.0f} s")
-    dec = Decoder(model, ex, dev=dev, log=log, share=share)
-    dec.rules = used
-    return dec
 
 
 def decode_e2e(config="full", layers=None, tokens=16, context=512, schedule="dlight", threads=None,

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from tvm_ext.bench.phi2.decode import schedule
+from tvm_ext.workloads.phi2.compiled import schedule
 from tvm_ext.bench.phi2.kernels import measure_bandwidth
 from tvm_ext.rulesets import GPU_SCHEDULES as SCHEDULES
 from tvm_ext.rulesets import check_schedules as _check

@@ -3,6 +3,7 @@
 ``layers``        one decoder layer's Relax ops (float or int8-activation projections), random weights,
                   NumPy references
 ``model``         the whole model on the Relax VM: decode step, prompt prefill, the Decoder that runs it
+``compiled``      the model's module scheduled (``tvm_ext.ApplySchedules``) and compiled: ``decoder``
 ``kernels``       one layer as a Relax workload for the kernel bench (decode / prefill, fused or not)
 ``q4_int8_gemm``  the q4 x int8 GEMM (one token or many) and its activation quantize kernel
 ``gelu``          gelu_tanh in TE and NumPy

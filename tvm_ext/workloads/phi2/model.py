@@ -19,7 +19,7 @@ default; float16, or int8 with scales beside: ``kv_cache.py``; the attention com
 (``call_tir_inplace``; the returned caches alias the ones passed in) and attends over the
 whole capacity with the causal mask ``j > pos``, so one compiled module serves every
 position.  The greedy loop (``Decoder.generate``) runs in Python: embed, the layers, head,
-argmax on the host.  Scheduling and compiling ``mod``: ``tvm_ext.bench.phi2.decode.decoder``.
+argmax on the host.  Scheduling and compiling ``mod``: ``compiled.decoder``.
 
 Weights are random from ``(seed, layer)``, generated one layer at a time (the full model's
 weights are 1.5 GB; NumPy copies are dropped once uploaded), or read from a checkpoint by a

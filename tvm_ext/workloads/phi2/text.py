@@ -35,7 +35,7 @@ class Generator:
     """A checkpoint's compiled decoder with its tokenizer (``checkpoint.Checkpoint.generator``)."""
 
     def __init__(self, checkpoint, capacity=None, schedule="dlight", target="llvm", log=None):
-        from tvm_ext.bench.phi2.decode import decoder
+        from tvm_ext.workloads.phi2.compiled import decoder
 
         log = log or (lambda msg: None)
         self.checkpoint, self.tokenizer = checkpoint, checkpoint.tokenizer
