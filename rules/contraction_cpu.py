@@ -23,16 +23,12 @@ decide the form:
   several queries (prefill) the heads x d axis is split at d (no per-lane head index) and register
   tiles of queries x d accumulate over the reduction, in parallel over the heads.
 
-Why: dlight's CPU GEMV rule takes ``attn_score`` (2.7 ms a decode layer at 512 past positions)
-and nothing takes ``attn_value``, which then walks the KV cache column by column (3.4 ms); the
-cache is 5.2 MB per layer, 0.16 ms at this machine's bandwidth.  Decode ``attn_value`` with values
-cycled from DRAM (2-core Zen 4, 528 positions): output chunks of 256 (each task 1 KiB of every
-10 KiB row) 0.196 ms, the rows split in 2-16 parts 0.101-0.107 ms (49-53 GB/s, the copy's).
+Why: dlight's CPU GEMV rule takes ``attn_score`` and nothing takes ``attn_value``, which then walks
+the KV cache column by column: about 20x the time the cache's bytes take at DRAM bandwidth.  Split
+into row parts, decode ``attn_value`` reads the cache at the copy's bandwidth (output chunks, each
+task 1 KiB of every 10 KiB row, took twice as long).  Prefill attention as register tiles beats the
+rfactored dot form, 4 x 16 strips and MetaSchedule's 32-trial pick (figures: docs/journal.md).
 Other functions are left as they are (``matches`` is False), the dequantize-GEMVs are DequantGEMV's.
-
-Prefill (512 queries over 528 positions, 2-core AVX-512 EPYC, a layer): attn_score 4.2 ms, attn_value
-3.8 ms as register tiles (the rfactored dot form and 4 x 16 strips before: 44 and 8.2 ms; MetaSchedule
-after 32 trials: 20.6 and 8.1 ms).
 
 ``ContractionCPU().apply(func, target, tunable)`` is that schedule (the scheduling pass's; the first
 record of a tuning); its MetaSchedule face (in ``tvm_ext.space`` for llvm) adds it beside MetaSchedule's sketches
@@ -125,9 +121,7 @@ def _dot(sch, block, spatial, red) -> None:
 
 QUERY_TILES = (4, 8, 6, 2)  # queries per register tile in the several-query forms (the first untuned)
 KEY_TILES = (48, 16)  # keys per register tile of the several-query dot form, the first that divides the axis
-# (prefill attention, 512 queries over 528 positions, 2-core Zen 4, one layer: attn_score 4 x 48 tiles 4.2 ms
-# (330 GFLOPS), 8 x 48 4.6, 8 x 16 6.7; the rfactored dot form 44 ms, MetaSchedule's 32-trial pick 20.6;
-# attn_value 4 queries x 80 4.2 ms (365 GFLOPS), 8 x 80 4.7, 2 x 80 7.4; 4 x 16 strips 8.2)
+# (the first of each is the fastest measured on prefill attention; the others, docs/journal.md)
 
 
 def _dot_roles(block):

@@ -15,15 +15,15 @@ as written run scalar; a float GEMM on dequantized weights leaves the int8 units
   accumulators, tensorized with ``intrinsics.q4_vnni`` (each packed word unpacked once for all MB
   tokens, two ``vpdpbusd`` per token and word: 512-bit with AVX-512 VNNI, twice 256-bit with AVX-VNNI;
   ``vpmaddubsw``/``vpmaddwd`` with AVX2 only);
-* on hosts with AMX int8 (Sapphire Rapids and later), first: MB = 16 tokens (all of them below 16)
+* on hosts with AMX int8, first: MB = 16 tokens (all of them below 16)
   with ``intrinsics.q4_amx``, one ``tdpbssd`` per column block and group (its init loads the tile
   config); not for one token, nor where 16 does not divide M > 16 (the VNNI sketches only then);
 * the group's float step vectorized over the 16 columns (zero-point term, convert, both scales, FMA
   into the tile's float accumulators), the bias / gelu epilogue at the tile.
 
 One token (M = 1, the decode's GEMV) is DRAM-bound: its tiles are 1 x 16 columns by default, so each
-thread reads one long contiguous stream (Phi-2 fc1 from DRAM on Zen 4: 0.26 ms, 2 blocks a tile
-0.32 ms), with a software prefetch 8 KiB ahead in it.
+thread reads one long contiguous stream (faster from DRAM than 2 blocks a tile; docs/journal.md), with a
+software prefetch 8 KiB ahead in it.
 
 Choices: the form (``forms``: AMX, then the host's VNNI / AVX2 form), MB (``TOKEN_TILES`` dividing M),
 NB (``COLUMN_TILES`` dividing N/16) and, for one token, the prefetch distance are one sketch each (the
@@ -118,8 +118,8 @@ def column_tiles(p: Q4GemmPattern) -> list:
 
 def sketches(p: Q4GemmPattern, form: str = "avx512vnni") -> list:
     """Every (MB, NB, prefetch bytes) the rule offers for ``p``, the default first.  Many tokens: 4 x 2
-    with 512-bit vpdpbusd, 2 x 2 with 256-bit (16 vector registers without AVX-512: 4 x 2 tiles spill,
-    0.46 vs 0.80 TOPS on Zen 4), no prefetch.  One token: 1 x 1 prefetching 8 KiB ahead, then the
+    with 512-bit vpdpbusd, 2 x 2 with 256-bit (16 vector registers without AVX-512: 4 x 2 tiles spill),
+    no prefetch.  One token: 1 x 1 prefetching 8 KiB ahead, then the
     other distances and wider tiles.  AMX forms: 16 tokens (all of them below 16) x 4, 2, 1 column
     blocks; none where 16 does not divide M > 16 (``q4_amx.token_tile``) or M = 1."""
     if form in q4_amx.FORMS:

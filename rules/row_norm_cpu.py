@@ -15,7 +15,7 @@ order -- each statistic computed once per row, before that row's outputs -- with
 fused and parallel when there are several (prefill), each statistic computed at its row, and
 the output's trailing axis (and an intermediate's) vectorized.  Each reduction over D is split into
 ``lanes`` partial sums (``rfactor``), vectorized, then summed: serial, each of the 2560 adds of a decode
-LayerNorm waited for the one before (3.7 us a call, 2-core Zen 4, cache-hot; 0.32 us split).  The sum is
+LayerNorm waited for the one before (over 10x slower than split, cache-hot).  The sum is
 reassociated: results move in their last bits (4.8e-7 on that LayerNorm).
 
 ``RowNormCPU().apply(func, target, tunable)`` is that schedule (the scheduling pass's, untuned like
@@ -77,8 +77,8 @@ def _plan(func) -> Optional[tuple]:
 
 def _widths(d: int) -> list:
     """The vector widths for rows of D: those of ``VECTOR_LANES`` that divide D, else D's largest
-    divisor in [8, 32] (a decode softmax over 512 + 1 keys: 27 lanes, 4.8 us a call against 10.3
-    unvectorized, 2-core Zen 4: LLVM splits the odd vector over two registers), else none."""
+    divisor in [8, 32] (a decode softmax over 512 + 1 keys: 27 lanes, twice as fast as unvectorized:
+    LLVM splits the odd vector over two registers), else none."""
     return [n for n in VECTOR_LANES if d % n == 0] or [n for n in range(32, 7, -1) if d % n == 0][:1]
 
 
@@ -94,7 +94,7 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
     widths = _widths(d)
     lanes = sample_choice(sch, widths, widths[0], sample and len(widths) > 1) if widths else None
     kept = []  # an elementwise intermediate read by one block only (softmax's shift) is inlined there:
-    for stat in stat_names:  # one pass less over the row (decode softmax 4.3 -> 3.8 us, 2-core Zen 4)
+    for stat in stat_names:  # one pass less over the row (decode softmax: 12 % less time)
         block = sch.get_sblock(stat)
         if _elementwise(sch.get(block), rows) and len(sch.get_consumers(block)) == 1:
             sch.compute_inline(block)
@@ -128,7 +128,7 @@ def schedule(sch, plan, sample: bool = False, annotate: bool = False) -> None:
             sch.annotate(block, *SKIP)
     # last: a partitioned loop's blocks are new ones.  An odd width (none of VECTOR_LANES divides D: 27 lanes for
     # 513 keys fill two 16-lane registers to 84 %) gives way to 16 lanes and a scalar tail: decode softmax over 513
-    # keys 4.4 -> 3.3 us, 2-core Zen 4
+    # keys: a quarter less time
     odd = not widths or widths[0] not in VECTOR_LANES
     vectorize_row(sch, inner, d, lanes, odd)
     for stat in kept:  # the elementwise intermediates: their row vectorized as the output's

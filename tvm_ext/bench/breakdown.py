@@ -15,8 +15,8 @@ calls) beside its record's (best run seconds x calls) and their ratio; then the 
 * ``inside_ms`` = kernels - estimate: the kernels running slower in the network than alone
   (cold caches after their neighbours, a pool that has to wake), or faster.
 
-Why: the network ran at 1.21-1.26x the sum of its tuned kernels on the EPYC and 2.1-2.4x on the
-AMX host; which of the two parts holds the gap decides what to fix.
+Why: the network ran at 1.21-1.26x the sum of its tuned kernels on one host and 2.1-2.4x on another
+(docs/journal.md); which of the two parts holds the gap decides what to fix.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ the copies together are ``dram.FACTOR`` x the last-level cache, then called over
 copies in turn, after the process's threads are idle, in batch order.
 
 Why: ``tune.seeds.confirm_picks`` measures each tuned pick beside its untuned schedule.  The tuning
-runner runs a kernel once after flushing the cache, and on the 2-core EPYC it ranked Phi-2 decode picks
+runner runs a kernel once after flushing the cache, and on a 2-core host it ranked Phi-2 decode picks
 (qkv, lm_head) above the untuned ones that then ran 13 % faster inside the decode step, where a kernel
 follows another with its weights streaming from DRAM and the thread pool awake.  Every
 argument is cycled, activations too: a projection's weights are all but all of its bytes.

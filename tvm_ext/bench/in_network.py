@@ -11,7 +11,7 @@ would otherwise pick noise -- and the picks are kept only if the network with al
 faster than with the best records, first run and warm, side by side (``timing.time_turns``).
 Every network built is checked against the workload's reference before it is timed.  The picks
 go to the work dir (``tune.picks``), which every later compile of it uses; the records and their
-measured times are left as they are.  On the AVX-512 EPYC a run's picks were worth 0-6 %.
+measured times are left as they are.  A run's picks were worth 0-6 % (docs/journal.md).
 """
 from __future__ import annotations
 

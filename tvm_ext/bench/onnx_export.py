@@ -260,7 +260,7 @@ def weight_inputs(e, w: np.ndarray, name: str, scale, weights: str) -> list:
     same values shifted by 128 with zero point 128 (ORT's u8u8 kernels). On x86 without
     VNNI, ORT's u8s8 kernels multiply with vpmaddubsw, whose int16 pair sums saturate
     (255 * 127 * 2 > 32767): measured up to 29 uint8 steps off after one 3x3 conv with
-    64 input channels on an AVX2-only EPYC. u8u8 does not saturate. The same holds for
+    64 input channels on an AVX2-only host. u8u8 does not saturate. The same holds for
     ``form="qdq"``: ORT fuses DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv
     (at ORT_ENABLE_EXTENDED and above), so its weights' type picks the kernel there too."""
     if weights not in ("int8", "uint8"):

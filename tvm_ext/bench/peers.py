@@ -139,7 +139,7 @@ def ov_network(workload, threads: int, log=print):
     """(callable running the workload's network in OpenVINO's CPU plugin, diff of its output vs the
     reference, settings): the same ONNX model ORT runs (``peer_model``), compiled with the latency
     hint, ``threads`` inference threads and its float parts in f32. OpenVINO's default on CPUs
-    with bf16 (AVX512-BF16, AMX) is bf16. Measured (OpenVINO 2026.4, AVX-512 EPYC):
+    with bf16 (AVX512-BF16, AMX) is bf16. Measured (OpenVINO 2026.4, an AVX-512 host):
     on a user's QDQ file (the zoo's MobileNetV2) within 13 steps of the exact reference where ORT
     is within 1; on the exported QLinearConv of the built-in networks up to 122 steps off, in f32
     and bf16 alike and whatever its scales and zero points, where ORT is exact: so a built-in

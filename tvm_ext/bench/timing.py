@@ -7,7 +7,7 @@ Runtimes with thread pools keep their workers spinning after a call returns: ONN
 Runtime's for a few ms, TVM's for 0.1-0.3 s (300000 spins, ``TVM_THREAD_POOL_SPIN_COUNT``).
 Calling another runtime meanwhile makes the two pools fight for the cores. Measured: on a
 16-core AMX host, TVM kernels of ~0.1 ms took 8-20 ms when each call followed an ORT call;
-on the 2-core EPYC our ResNet-50 took 85 ms right after ORT (44 ms alone) and ORT 81 ms
+on a 2-core host our ResNet-50 took 85 ms right after ORT (44 ms alone) and ORT 81 ms
 50 ms after ours (32 ms alone). So before each callable's turn the timer waits, untimed,
 until the process's threads are idle (``wait_until_idle``), and then times ``repeat``
 back-to-back calls: what each runtime gets when it runs by itself.

@@ -10,7 +10,7 @@ writes can beat it by a little (the decode KV-cache concatenates: 0.88-0.91x).
 Why: a kernel's DRAM bound (its bytes / the copy bandwidth of a 512 MiB parallel copy) is out of
 reach for a kernel that moves a few kilobytes: the decode LayerNorm reads 20 KiB of gamma and beta
 from DRAM, and a single-thread pass over them stalls on the first lines' latency, while waking the
-second thread costs ~0.8 us (2-core Zen 4); and a pure read stream beats the copy
+second thread costs ~0.8 us; and a pure read stream beats the copy
 bandwidth (the projections' touch: 0.77-0.80x their bound).  The floor, the faster of a 1-thread and
 a ``threads``-thread touch, says how far a kernel is from its own traffic's cost.
 """

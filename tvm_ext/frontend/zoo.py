@@ -158,7 +158,7 @@ def random_images(count: int, image: int, seed: int = 0) -> list[np.ndarray]:
 def host_needs_reduce_range() -> bool:
     """True on x86 hosts without VNNI: ORT's u8s8 kernels there multiply with vpmaddubsw,
     whose int16 pair sums saturate with 8-bit weights (measured: up to 50 uint8 steps off
-    in 3% of a ResNet-50 stem's outputs on an AVX2 EPYC); 7-bit weights (``reduce_range``,
+    in 3% of a ResNet-50 stem's outputs on an AVX2 host); 7-bit weights (``reduce_range``,
     ORT's own advice for such hosts) do not."""
     from tvm_ext.targets import describe_host  # pylint: disable=import-outside-toplevel
 

@@ -77,8 +77,8 @@ def tune_from_rules(mods: dict, target, db_dir: str, trials: int, log=print, flu
     runner's eyes.  ``flush_cache`` (CPU, the default): every candidate, the seed too, runs after a cache
     flush (``runner.evaluator_config``), as a model's weights and KV cache come from DRAM (a prompt's and
     a decode step's share kernels: the head's last-token GEMM; measured one way each time); a runner
-    that loops over cache-hot inputs picks schedules that lose there (Phi-2 decode at 512 positions,
-    2-core EPYC: the attention-value pick of a cache-hot runner took 6.2 ms a step, our rule's 3.6).
+    that loops over cache-hot inputs picks schedules that lose there (Phi-2 decode at 512 positions: the
+    attention-value pick of a cache-hot runner took 1.7x our rule's time a step).
     ``measure``: how ``confirm_picks`` times each pick beside its untuned schedule (default the runner)."""
     from tvm_ext.targets import resolve_target
     from tvm_ext.tune.kernels import tune_kernels

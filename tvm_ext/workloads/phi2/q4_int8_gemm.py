@@ -108,8 +108,7 @@ def quantize_tokens(m: int, k: int):
     per token and group of 32, scale = max|x| / 127, xq = round-half-even(x / scale), corr = -7 sum xq.
     Written vectorized: a group is two 16-lane vectors, its max and sum folded to 16 lanes then summed,
     its 32 int8 values put in ``xq``'s order by one shuffle (``PERM``) and stored at once; the tokens in
-    parallel.  Scalar, as before: a 128 x 10240 prompt quantize took 1.1-2.0 ms, 0.17 ms vectorized
-    (2-core Zen 4), 6-8 % of a prefill."""
+    parallel.  Scalar, a 128 x 10240 prompt quantize took 6-12x as long, 6-8 % of a prefill."""
     from tvm.script import tirx as T
 
     check_shape(m, 2 * LANES, k)
