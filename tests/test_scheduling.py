@@ -54,7 +54,8 @@ def test_tuned_reads_the_database_and_equals_the_commands_schedule(model, tmp_pa
     apply = tvm_ext.ApplySchedules(TARGET, "tuned", database=db, skip=KV_WRITES)
     got = apply(model.mod)
     assert apply.used["layer_norm"] == "tuned" and apply.used["softmax"] == "row_norm_cpu"
-    tvm.ir.assert_structural_equal(got["layer_norm"], recorded["main"].with_attr("global_symbol", "layer_norm"))
+    tvm.ir.assert_structural_equal(got["layer_norm"], recorded["main"].with_attr("global_symbol", "layer_norm")
+                                   .with_attr("tirx.is_scheduled", True))
     want, used = schedule(model.mod, TARGET, "tuned", str(tmp_path))
     tvm.ir.assert_structural_equal(got, want)
     assert used == apply.used
@@ -85,3 +86,40 @@ def test_every_rule_has_both_faces():
             assert isinstance(rule, dlight.ScheduleRule) and rule.is_target_available(target)
             face = rule.meta_schedule()
             assert isinstance(face, ms.ScheduleRule) and type(face).__name__ == type(rule).__name__
+
+
+def test_a_network_through_the_public_pass_equals_what_tune_compiles(tmp_path):
+    """conv2d-int8's fused module: ``tvm_ext.ApplySchedules(target, "tuned", database)`` is what ``tune``,
+    ``bench --from-logs`` and the ONNX importer's checks compile from a work dir (``tune.apply``): the
+    recorded task as TVM's ``MetaScheduleApplyDatabase`` schedules and marks it (ours also gives it its
+    name as ``global_symbol``, as for every function it schedules), the others by our rules or dlight;
+    without a database, ``rule``."""
+    from tvm import relax
+
+    from tvm_ext import workloads
+    from tvm_ext.tune.apply import apply_database, apply_with
+    from tvm_ext.tune.database import open_database
+
+    target = resolve_target({"kind": "llvm", "num-cores": 2})
+    wl = workloads.get("conv2d-int8", image=8, batch=1, seed=0)
+    (task,) = [t for t in ms.relax_integration.extract_tasks(wl.mod, target) if "conv" in t.task_name]
+    mod = task.dispatched[0]
+    sch = tvm.s_tir.Schedule(mod)
+    (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if "conv" in sch.get(b).name_hint]
+    sch.parallel(sch.get_loops(block)[0])
+    db = open_database(str(tmp_path))
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), run_secs=[1e-6],
+                                                     target=target,
+                                                     args_info=ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+    apply = tvm_ext.ApplySchedules(target, "tuned", database=open_database(str(tmp_path), read_only=True))
+    with target:
+        got = apply(wl.mod)
+    tvm.ir.assert_structural_equal(got, apply_database(wl, target, str(tmp_path)))
+    (tuned,) = [name for name, how in apply.used.items() if how == "tuned"]
+    assert tuned == task.task_name and set(apply.used) == {gv.name_hint for gv, f in wl.mod.functions_items()
+                                                           if isinstance(f, tvm.tirx.PrimFunc)}
+    with target, tvm.transform.PassContext(opt_level=3), db:
+        theirs = relax.transform.MetaScheduleApplyDatabase()(wl.mod)
+    tvm.ir.assert_structural_equal(got[tuned].without_attr("global_symbol"), theirs[tuned])  # ours names it
+    untuned, _ = schedule_module(wl.mod, target, "rule")
+    tvm.ir.assert_structural_equal(apply_with(wl, target, None), untuned)

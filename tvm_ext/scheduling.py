@@ -3,9 +3,10 @@
 ``ApplySchedules(target, schedule="rule", database=None)`` is a module pass, as
 ``MetaScheduleApplyDatabase`` followed by ``dlight.ApplyDefaultSchedule``: for each PrimFunc, the
 database's best record where ``schedule`` is ``tuned`` and it holds the kernel (same structural hash
-as MetaSchedule keys it), else the first of our rules that matches (``rulesets.schedule_rules``),
-else the first dlight rule that applies (``rulesets.dlight_rules``; on a GPU a dlight schedule
-that does not compile is skipped), else the kernel as built.  The names are
+as MetaSchedule keys it; the function marked ``tirx.is_scheduled`` as TVM marks it), else the first
+of our rules that matches (``rulesets.schedule_rules``), else the first dlight rule that applies
+(``rulesets.dlight_rules``; on a GPU a dlight schedule that does not compile is skipped), else the
+kernel as built.  The names are
 ``rulesets.SCHEDULES``.  After it runs, ``pass_.used`` says what scheduled each kernel:
 a dlight rule's name, one of ours (``dequant_gemv``, ...), ``tuned``, or ``hand-scheduled`` for a
 function marked ``tir.is_scheduled`` (left as it is).
@@ -161,6 +162,8 @@ def schedule_module(mod, target, schedule: str = "rule", database=None, keep_unt
             sch_mod = None if sch is None else sch.mod
         if sch_mod is not None:
             mod[gv] = sch_mod["main"].with_attr("global_symbol", gv.name_hint)
+        if best is not None and not (keep_untuned and kernel_key(m) in keep_untuned):
+            mod[gv] = mod[gv].with_attr("tirx.is_scheduled", True)  # a record's, marked as TVM marks it
     return mod, used
 
 

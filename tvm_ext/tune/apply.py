@@ -28,28 +28,30 @@ def apply_database(workload, target, work_dir: str) -> tvm.IRModule:
 
 
 def apply_with(workload, target, database) -> tvm.IRModule:
-    """The workload's fused module with every function ``database`` holds scheduled by its best record.
+    """The workload's fused module scheduled by ``tvm_ext.ApplySchedules``: every function ``database``
+    holds by its best record (marked ``tirx.is_scheduled``, as TVM's ``MetaScheduleApplyDatabase`` marks
+    it), the others by our rules where they match, else dlight; without a database, ``rule``.
 
     Applied to the fused module as it is: TVM's ``compile_relax`` re-runs LegalizeOps /
     AnnotateTIROpPattern / FuseOps first, which adds attributes to the fused PrimFuncs,
     and then only 2 of ResNet-50's 31 functions still matched their tuned workloads (the
     rest ran untuned, ~30x slower end to end).
     """
-    from tvm import relax
+    from tvm_ext.scheduling import ApplySchedules
 
-    with target, tvm.transform.PassContext(opt_level=3), database:
-        return relax.transform.MetaScheduleApplyDatabase()(workload.mod)
+    with target, tvm.transform.PassContext(opt_level=3):
+        return ApplySchedules(target, "rule" if database is None else "tuned", database=database)(workload.mod)
 
 
 def compile_workload(workload, target, work_dir: str | None, database=None):
-    """Build the workload with the database's schedules (TVM's defaults for the rest): the work
-    dir's, or ``database`` where given."""
+    """Build the workload scheduled by ``apply_with``: with ``database`` where given, else the work dir's
+    (``apply_database``), else none (our rules, dlight for the rest)."""
     from tvm import relax
 
-    if database is not None:
-        mod = apply_with(workload, target, database)
+    if database is None and work_dir is not None:
+        mod = apply_database(workload, target, work_dir)
     else:
-        mod = workload.mod if work_dir is None else apply_database(workload, target, work_dir)
+        mod = apply_with(workload, target, database)
     with target, tvm.transform.PassContext(opt_level=3):
         return relax.build(mod, target=target)
 
