@@ -137,3 +137,20 @@ def test_bad_cache_dtype(capsys):
         assert main(["generate", "--config", "reduced"] + argv) == 2
         err = capsys.readouterr().err.strip()
         assert "--kv-cache" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.slow  # ~8 s each on 2 cores: a prefill model scheduled by our rules
+@pytest.mark.parametrize("kv", ["float16", "int8"])
+def test_prefill_writes_the_cache_the_steps_write(kv):
+    """A compiled prefill (several queries: contraction_cpu's tiled forms, the cache copied per head as stored)
+    gives the logits of the same tokens stepped one by one, on the narrow cache."""
+    model = pm.build_model("reduced", layers=2, capacity=CAPACITY, seed=1, prompt=4, kv_dtype=kv)
+    mod, used = schedule_module(model.mod, resolve_target("llvm"), "rule", skip=("kv_write", "kv_write_prompt"))
+    assert {used[k] for k in used if k.startswith(("attn_score", "attn_value"))} == {"contraction_cpu"}
+    dec = pm.Decoder(model, tvm.compile(mod, target="llvm"))
+    dec.fill_past(PAST, seed=2)
+    at_once = dec.prefill(TOKENS[:4], start=PAST)
+    dec.fill_past(PAST, seed=2)
+    for i, t in enumerate(TOKENS[:4]):
+        stepped = dec.step(t, PAST + i)
+    np.testing.assert_allclose(at_once, stepped, rtol=0, atol=1e-4 * np.abs(stepped).max())
