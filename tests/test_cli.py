@@ -1,50 +1,21 @@
 """tvm-ext tune / report / bench: bad input, resume, interruption, exactness.
 
 Every command runs in-process through ``tvm_ext.cli.main`` (the console script's entry
-point); only the Ctrl-C test starts ``python -m tvm_ext`` in a subprocess, because it
-sends a real SIGINT and the interrupted command leaves with ``os._exit(130)``.  One
+point; ``cli_run.cli``); the Ctrl-C test is test_cli_interrupt.py.  One
 database is tuned per module (``tuned``) and shared by the tests that only read it; it
 sits where ``bench --logs-dir`` looks for the plugin row, so the bench test reuses it.
 """
-import contextlib
-import io
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import tvm
 
-from tvm_ext.cli import main
+from cli_run import SMALL, cli, one_error_line
 from tvm_ext.tune.packed import read_bytes
-
-SMALL = ["--image", "8", "--batch", "1"]
-
-
-def cli(*args, check=True):
-    """Run ``tvm-ext ARGS`` in this process: (exit code, stdout, stderr).
-
-    argparse's own errors leave through SystemExit, the commands' through a return code."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:
-            code = exc.code
-    if check and code != 0:
-        raise AssertionError(f"tvm-ext {' '.join(args)} -> {code}\n{err.getvalue()[-3000:]}")
-    return code, out.getvalue(), err.getvalue()
-
-
-def one_error_line(args, message):
-    code, _, err = cli(*args, check=False)
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and message in lines[0], (code, err)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -177,33 +148,6 @@ def test_database_schedules_every_tuned_function(tuned):
     mod = tuning.apply_database(workload, resolve_target("llvm"), work_dir)
     funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert funcs and all(f.attrs.get("tirx.is_scheduled") for f in funcs)
-
-
-def test_ctrl_c_leaves_a_valid_database_and_resume_finishes(tmp_path):
-    """One trial per search iteration: the first record appears after iteration 1, Ctrl-C
-    lands during iteration 2, which is finished and kept; the same command resumes."""
-    work_dir = str(tmp_path / "interrupted")
-    proc = subprocess.Popen([sys.executable, "-m", "tvm_ext", "tune", "conv2d-int8", *SMALL,
-                             "--trials", "3", "--per-iter", "1", "--work-dir", work_dir],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    records = os.path.join(work_dir, "database_tuning_record.json")
-    deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None:
-        if os.path.exists(records) and os.path.getsize(records) > 0:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "tuning finished before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-2000:]
-    assert "resume" in err
-    partial = json.loads(cli("report", work_dir, "--json")[1])["tasks"][0]
-    assert 1 <= partial["trials"] < 3
-    assert partial["tuning_s"] > 0  # the interrupted run's time is counted
-    done = json.loads(cli("tune", "conv2d-int8", *SMALL, "--trials", "3", "--work-dir", work_dir,
-                          "--json")[1])
-    assert done["tasks"][0]["trials"] == 3
-    assert done["tuning_s"] > partial["tuning_s"]  # both runs' time
 
 
 def test_bench_checks_exactness_and_writes_json(tuned, tmp_path):

@@ -12,7 +12,7 @@ from tvm_ext import workloads
 from tvm_ext.bench.in_network import choose
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune.picks import PICKS_FILE, picked_database, ranked, read_picks, trace_key, write_picks
-from test_cli import SMALL, cli
+from cli_run import SMALL, cli
 
 
 def test_a_lower_rank_is_kept_only_where_it_beats_the_best_by_the_margin():
