@@ -106,7 +106,8 @@ class Tracer:
                 "climbs": len(self.climbs),
                 "by_layer": {name: sum(1 for f in files if layer(f) == name) for name in LAYERS},
                 "file_list": files,
-                "climb_list": sorted(f"{a[0]}:{a[1]} -> {b[0]}:{b[1]}" for a, b in self.climbs)}
+                "climb_list": sorted(f"{a[0]}:{a[1]} -> {b[0]}:{b[1]}" for a, b in self.climbs),
+                "stop_list": sorted(f"{f}:{name}" for f, name in self.stops)}
 
 
 def _carrier(name: str, value):
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print the counts as one JSON object on stderr's last line")
-    p.add_argument("--list", action="store_true", help="also list the files and the climbs")
+    p.add_argument("--list", action="store_true", help="also list the files, the climbs and the stops")
     p.add_argument("--follow", metavar="NAME", help="count only the calls that carry this option's value "
                    "(schedule, target)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the tvm-ext command line, after --")
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
     out = tracer.summary()
     out["rc"] = rc
     if not args.list:
-        out.pop("file_list"), out.pop("climb_list")
+        out.pop("file_list"), out.pop("climb_list"), out.pop("stop_list")
     text = json.dumps(out) if args.json else "\n".join(
         f"{k}: {v}" if not isinstance(v, list) else f"{k}:\n  " + "\n  ".join(v) for k, v in out.items())
     print(text, file=sys.stderr)

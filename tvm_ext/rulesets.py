@@ -184,12 +184,13 @@ def default_postprocs(target: tvm.target.Target, ruleset: str = "plugin") -> lis
     from tvm_ext.postprocs import ThreadExtentPrecheck, VerifyGPUCode
     from tvm_ext.rules.int8_tensor_core_cuda import supported as int8_tensor_cores
 
-    upstream = list(ms.Postproc.create(target_kind(target)))
+    kind = target_kind(target)
+    upstream = list(ms.Postproc.create(kind))
     if check_ruleset(ruleset) == "upstream":
         return upstream
     verify = VerifyGPUCode()
     posts = [verify if _name(p) == "VerifyGPUCode" else p for p in upstream]
-    if int8_tensor_cores(target):  # tensorized before it is verified: the verdict is on what is compiled
+    if kind == "cuda" and int8_tensor_cores(target):  # tensorized before verified: the verdict is on what is compiled
         posts.insert(posts.index(verify), RewriteTensorize())
     if any(p is verify for p in posts):
         # its first check, before the postprocs that most candidates would pay for nothing
