@@ -14,7 +14,7 @@ tvm = pytest.importorskip("tvm")
 
 from tvm_ext.bench.phi2 import decode as phi2_e2e  # noqa: E402
 from tvm_ext.cli.main import main  # noqa: E402
-from tvm_ext.workloads.phi2 import model as pm  # noqa: E402
+from tvm_ext.workloads.phi2 import compiled, model as pm  # noqa: E402
 from tvm_ext.workloads.phi2.layers import rope_inv_freq  # noqa: E402
 
 TOL = 2e-3
@@ -167,7 +167,7 @@ def test_rule_schedules_gemv_layer_norm_attention_and_dlight_the_rest(model):
     pytest.importorskip("tvm_ext.rules.dequant_gemv")
     from tvm_ext.targets import resolve_target
 
-    mod, used = phi2_e2e.schedule(model.mod, resolve_target("llvm"), "rule")
+    mod, used = compiled.schedule(model.mod, resolve_target("llvm"), "rule")
     labels = phi2_e2e.kernel_labels(model.mod)
     assert {n for n, how in used.items() if how == "dequant_gemv"} == set(labels) - {"embed_lookup"}
     # LayerNorm and softmax by our row-normalization schedule (dlight's CPU Reduction recomputes
@@ -190,8 +190,8 @@ def test_tuned_takes_database_records_and_our_rules_elsewhere(model, tmp_path):
     m = pk.normalize(model.mod["layer_norm"])
     seed_database(kernel_database(str(tmp_path)), {"layer_norm": m}, {"layer_norm": ("none", None)},
                   target, {"layer_norm": 1e-3})
-    mod, used = phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path))
+    mod, used = compiled.schedule(model.mod, target, "tuned", database=str(tmp_path))
     assert used["layer_norm"] == "tuned" and used["softmax"] == "row_norm_cpu" and used["rope"] == "injective_cpu"
     tvm.ir.assert_structural_equal(mod["layer_norm"].body, model.mod["layer_norm"].body)
     with pytest.raises(ValueError, match="no tuning database"):
-        phi2_e2e.schedule(model.mod, target, "tuned", database=str(tmp_path / "missing"))
+        compiled.schedule(model.mod, target, "tuned", database=str(tmp_path / "missing"))
