@@ -139,8 +139,8 @@ def rope_inv_freq(rotary: int, base: float = ROPE_BASE) -> np.ndarray:
 def _te_rope(qkv, inv_freq, offset, heads, head_dim, rotary, past, dtype):
     """Split one of q/k out of the fused qkv projection and apply partial rotary.  The angles' cos and
     sin are a table of (tokens, rotary / 2) computed first, shared by every head (as runtimes keep a
-    rotary cache): per element, the 2560 cos/sin/exp of a decode step's rope took 6.4 us a call, 0.7
-    us with the table, unscheduled (2-core Zen 4).  The table reads ``inv_freq`` (``rope_inv_freq``) and
+    rotary cache): per element, the 2560 cos/sin/exp of a decode step's rope took 9x as long as with the
+    table, unscheduled.  The table reads ``inv_freq`` (``rope_inv_freq``) and
     is marked not to inline: MetaSchedule's AutoInline inlines a block that reads nothing whatever its
     annotation, and any other injective one unless marked."""
     from tvm import te, tirx
@@ -206,7 +206,7 @@ def _te_exp_nonpositive(x, name="softmax_exp"):
     x = -87.68 (results under 2^-126.5, subnormal) it is 0.  Relative error <= 2.5e-6 for x >= -20, growing
     with |x| to ~4e-6 near -87.6 (the rounding of t itself; TVM's ``fast_exp``: 1.3e-6 on softmax's scores).
     Fewer vector operations than ``topi.fast_exp`` (no upper clamp, one rounding, no final max): a decode
-    softmax over 513 keys 3.2 -> 2.9 us a call, cache-hot, 2-core Zen 4.  Other dtypes:
+    softmax over 513 keys a tenth faster, cache-hot.  Other dtypes:
     ``topi.fast_exp``."""
     from tvm import te, tirx, topi
 
@@ -228,7 +228,7 @@ def _te_exp_nonpositive(x, name="softmax_exp"):
 def _te_softmax(s, past=None, scales=None):
     """softmax over the last axis of scores ``s`` (1, heads, n, t), with the causal mask ``j > i + past``
     applied where each element is read (no kernel of its own: a 512-token prefill's separate mask kernel
-    took 5.8 ms a layer for 8.7 M floats, 2-core Zen 4) unless ``past`` is None, as a
+    took 5.8 ms a layer for 8.7 M floats) unless ``past`` is None, as a
     ``Select`` (both sides are safe to evaluate), which vectorizes: as ``if_then_else`` the masked softmax
     took 7.5 ms a layer at 512 tokens, now 5.4 (unmasked 5.2).  A polynomial exp (``_te_exp_nonpositive``;
     TVM's ``fast_exp`` before it) instead of ``relax.op.nn.softmax``'s ``exp``, one scalar ``expf`` call per
