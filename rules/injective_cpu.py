@@ -2,7 +2,7 @@
 
 Pattern (by structure, never by name): a PrimFunc whose blocks, right under the root, are all
 spatial (no reduction), the last one writing a parameter, none already scheduled (every loop
-serial, no ``tir.is_scheduled`` attribute).  Each block's innermost loop is vectorized (16, 8 or 4
+serial, no ``tirx.is_scheduled`` attribute).  Each block's innermost loop is vectorized (16, 8 or 4
 lanes where they divide it, else 16 lanes and a scalar tail, ``tir_utils.vectorize_row``) and its
 other loops fused; the fused loop runs in parallel where the block writes at least
 ``PARALLEL_BYTES``.
@@ -29,7 +29,7 @@ PARALLEL_BYTES = 256 * 1024  # a block writing less runs on one thread (the pool
 
 def _plan(func) -> Optional[list]:
     """The names of the blocks right under the root, in order, or None where ``func`` does not match."""
-    if func.attrs and "tir.is_scheduled" in func.attrs:
+    if func.attrs and "tirx.is_scheduled" in func.attrs:
         return None
     found = root_child_blocks(func)
     if found is None:

@@ -102,7 +102,7 @@ def test_reductions_and_scheduled_kernels_are_left_alone(kernels):
     for k in kernels["decode"]:
         if any(w in k.name for w in ("layer_norm", "softmax", "attn", "matmul")):
             assert not injective_cpu.InjectiveCPU().matches(k.func), k.name
-    assert not injective_cpu.InjectiveCPU().matches(quantize_tokens(4, 64))  # hand-written, marked tir.is_scheduled
+    assert not injective_cpu.InjectiveCPU().matches(quantize_tokens(4, 64))  # hand-written, marked tirx.is_scheduled
 
 
 def test_the_rule_in_the_plugin_space(kernels):

@@ -9,7 +9,9 @@ of our rules that matches (``rulesets.schedule_rules``), else the first dlight r
 kernel as built.  The names are
 ``rulesets.SCHEDULES``.  After it runs, ``pass_.used`` says what scheduled each kernel:
 a dlight rule's name, one of ours (``dequant_gemv``, ...), ``tuned``, or ``hand-scheduled`` for a
-function marked ``tir.is_scheduled`` (left as it is).
+function marked ``tirx.is_scheduled`` (left as it is: the mark TVM's dlight and MetaSchedule read).
+A scheduled function keeps its ``global_symbol`` as it was, none for a private one (TVM's passes
+add none; the build attaches every function's name).
 
 ``schedule_module`` is the same as a function returning ``(module, used)``; ``untuned_schedule`` and
 ``tuned_schedule`` answer for one kernel (the tuning seeds and the benches use them).
@@ -38,6 +40,19 @@ def normalize(func) -> tvm.IRModule:
 def kernel_key(mod: tvm.IRModule) -> str:
     """A kernel's key in the files beside its database: its IRModule's structural hash."""
     return f"{tvm_ffi.structural_hash(mod):016x}"
+
+
+def is_scheduled(func) -> bool:
+    """Whether ``func`` is marked ``tirx.is_scheduled`` (as dlight's ``ApplyDefaultSchedule`` reads it)."""
+    return bool(func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))
+
+
+def with_symbol_of(func, scheduled):
+    """``scheduled`` (a schedule of ``normalize(func)``, named ``main``) with ``func``'s ``global_symbol``,
+    or none where ``func`` has none."""
+    scheduled = scheduled.without_attr("global_symbol")
+    symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+    return scheduled if symbol is None else scheduled.with_attr("global_symbol", symbol)
 
 
 # --------------------------------------------------------------------------- one kernel
@@ -146,7 +161,7 @@ def schedule_module(mod, target, schedule: str = "rule", database=None, keep_unt
     for gv, func in list(mod.functions_items()):
         if not isinstance(func, tirx.PrimFunc) or gv.name_hint in skip:
             continue
-        if func.attrs is not None and "tir.is_scheduled" in func.attrs:  # hand-written schedules
+        if is_scheduled(func):  # hand-written schedules
             used[gv.name_hint] = "hand-scheduled"
             continue
         m = normalize(func)
@@ -161,7 +176,7 @@ def schedule_module(mod, target, schedule: str = "rule", database=None, keep_unt
             used[gv.name_hint] = name
             sch_mod = None if sch is None else sch.mod
         if sch_mod is not None:
-            mod[gv] = sch_mod["main"].with_attr("global_symbol", gv.name_hint)
+            mod[gv] = with_symbol_of(func, sch_mod["main"])
         if best is not None and not (keep_untuned and kernel_key(m) in keep_untuned):
             mod[gv] = mod[gv].with_attr("tirx.is_scheduled", True)  # a record's, marked as TVM marks it
     return mod, used

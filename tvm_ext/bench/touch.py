@@ -62,7 +62,7 @@ def touch_source(params, written, threads: int) -> str:
     return f'''
 @T.prim_func(s_tir=True)
 def main({args}):
-    T.func_attr({{"global_symbol": "main", "tirx.noalias": True, "tir.is_scheduled": True}})
+    T.func_attr({{"global_symbol": "main", "tirx.noalias": True, "tirx.is_scheduled": True}})
     with T.sblock("root"):
         for t in {loop}:
             acc = T.decl_buffer(({LANES},), "uint32", scope="local")

@@ -45,7 +45,7 @@ def model_kernels(model, funcs=DECODE_FUNCS) -> dict:
     for fname in funcs:
         for name in callees(model.mod[fname]):  # call_tir only: the in-place cache writes are not in it
             func = model.mod[name]
-            if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tir.is_scheduled" in func.attrs):
+            if isinstance(func, tirx.PrimFunc) and not (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
                 out[name] = normalize(func)
     return out
 

@@ -120,7 +120,7 @@ def quantize_tokens(m: int, k: int):
     @T.prim_func(private=True, s_tir=True)
     def quantize(x: T.Buffer((1, m, k), "float32"), xq: T.Buffer((m, k // 8, 2, 4), "int8"),
                  x_scale: T.Buffer((m, groups), "float32"), corr: T.Buffer((m, groups), "int32")):
-        T.func_attr({"op_pattern": 8, "tirx.noalias": True, "tir.is_scheduled": True})
+        T.func_attr({"op_pattern": 8, "tirx.noalias": True, "tirx.is_scheduled": True})
         with T.sblock("root"):
             flat = T.decl_buffer((m * k,), "int8", data=xq.data)
             for t in loop(m):
