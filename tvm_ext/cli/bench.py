@@ -63,7 +63,7 @@ def add_parser(sub) -> None:
                         "threads awake, where 'e2e ms' is its first run after the other networks'")
     p.add_argument("--rounds", type=int, default=None,
                    help="interleaved timing rounds (default 20 for int8, 5 for phi2; one phi2-prefill "
-                        "round at real size took 12 min on a loaded 2-core EPYC)")
+                        "round at real size takes minutes on a few cores)")
     p.add_argument("--build-only", action="store_true",
                    help="phi2: build every kernel of every schedule (nvcc for cuda), run nothing")
     p.add_argument("--config", default="full", help="phi2: full (real size) or reduced")

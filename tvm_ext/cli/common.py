@@ -12,7 +12,8 @@ WORKLOAD_HELP = ("conv2d-int8, resnet50-int8, resnet50-int8-nchwc, resnet50-int8
                  "or the path of an "
                  "int8 MODEL.onnx (see tvm-ext import; its databases are keyed by the file's content hash)")
 TARGET_HELP = ("llvm (this CPU, the default), llvm-generic, cuda, cuda-sm75, cuda-sm80, cuda-sm90, "
-               "or a JSON object such as '{\"kind\": \"llvm\", \"mcpu\": \"znver4\"}'")
+               "or a JSON object of target options, '{\"kind\": \"llvm\", \"mcpu\": \"CPU\"}' (CPU: an LLVM CPU "
+               "name, as 'llc -mcpu=help' lists them)")
 
 
 def count(text: str) -> int:

@@ -19,8 +19,8 @@ def add_parser(sub) -> None:
                         "(tvm_ext_work/phi2-decode-llvm-fused) or a bench JSON")
     p.add_argument("--to", default=None, metavar="DIR", help="where to save (default tuning_logs)")
     p.add_argument("--name", default=None,
-                   help="save one PATH under this name, e.g. resnet50-int8-nchwc-znver5-llvm-plugin beside the "
-                        "database of another CPU (tune starts from the saved database of the closest CPU)")
+                   help="save one PATH under this name, e.g. WORKLOAD-CPU-llvm-plugin (CPU: the LLVM CPU name) "
+                        "beside the database of another CPU (tune starts from the saved database of the closest CPU)")
     p.set_defaults(func=run)
 
 
