@@ -55,8 +55,16 @@ def saved(request, tmp_path_factory, reference):
     config = transformers.PhiConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=mlp,
                                     num_hidden_layers=layers, num_attention_heads=heads, partial_rotary_factor=prf,
                                     tie_word_embeddings=tied, qk_layernorm=False, attn_implementation="eager")
-    model = transformers.PhiForCausalLM(config).eval()
-    with torch.no_grad():  # transformers' init (std 0.02, zero biases) leaves every logit near 0: widen it
+    model = _widened(transformers.PhiForCausalLM(config).eval())
+    d = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(d)
+    model.rotary_dims = int(hidden // heads * prf)  # transformers' rule, what ours must take from config.json
+    return str(d), model
+
+
+def _widened(model):
+    """transformers' init (std 0.02, zero biases) leaves every logit near 0: weights of unit gain instead."""
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
                 p.normal_(0.0, 0.02)
@@ -64,10 +72,7 @@ def saved(request, tmp_path_factory, reference):
                 p.normal_(0.0, 1.0 / np.sqrt(p.shape[1]))
             elif "embed" in name:
                 p.normal_(0.0, 1.0)
-    d = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(d)
-    model.rotary_dims = int(hidden // heads * prf)  # transformers' rule, what ours must take from config.json
-    return str(d), model
+    return model
 
 
 def _ours(ckpt, compute="float"):
@@ -206,3 +211,52 @@ def gguf_reader(path):
     import gguf
 
     return gguf.GGUFReader(path)
+
+
+def test_gguf_q4_0_greedy_tokens_equal_llama_cpps(reference, tmp_path, capsys):
+    """llama.cpp's own greedy tokens on a Q4_0 file against our GGUF path's, 32 steps after a prompt: a
+    Phi-2-shaped transformers model (head 80, 32 rotary dims, 4 layers), written F32 by llama.cpp's converter,
+    quantized by llama-quantize (``--pure``: every matrix Q4_0, which our reader maps exactly), run by
+    llama.cpp (``bench.phi2.llama_greedy``; built from the pinned sdist once, minutes) and by us.  llama.cpp's
+    Q4_0 products quantize the activations to Q8_0 (blocks of 32, 8 bits), ours keep them float32: a step
+    may pick another id only where llama.cpp's own logits of the two ids lie within that step's error
+    (max |ours - llama.cpp|, ours teacher-forced on llama.cpp's ids); such steps are printed."""
+    from tvm_ext.bench.phi2 import llama_greedy
+    from tvm_ext.testing.phi2_checkpoints import llama_cpp_convert
+
+    torch.manual_seed(52)
+    config = transformers.PhiConfig(vocab_size=512, hidden_size=320, intermediate_size=1280, num_hidden_layers=4,
+                                    num_attention_heads=4, partial_rotary_factor=0.4, tie_word_embeddings=False,
+                                    attn_implementation="eager")
+    _widened(transformers.PhiForCausalLM(config).eval()).save_pretrained(tmp_path / "hf")
+    quiet = lambda m: None  # noqa: E731
+    try:
+        f32 = llama_cpp_convert(tmp_path / "hf", tmp_path / "m-f32.gguf", "f32", log=quiet)
+        q4 = llama_greedy.quantize(f32, tmp_path / "m-q4_0.gguf", "Q4_0", log=quiet)
+        theirs, their_logits = llama_greedy.greedy(q4, PROMPT, STEPS, log=quiet)
+    except ValueError as err:  # no cmake / compiler / package index: said, not passed
+        pytest.skip(f"llama.cpp cannot be built or run here: {err}")
+    ckpt = load(q4)
+    assert ckpt.stored == "F32/Q4_0"  # every matrix Q4_0: our q4 weights are llama.cpp's exactly
+    model = ckpt.build(capacity=len(PROMPT) + STEPS)
+    dec = pm.Decoder(model, tvm.compile(model.mod, target="llvm"))
+    ours = dec.generate(PROMPT, STEPS)[0]
+    for i, t in enumerate(PROMPT[:-1]):  # the prompt again, then llama.cpp's ids
+        dec.step(t, i)
+    forced = [dec.step(t, len(PROMPT) - 1 + i) for i, t in enumerate([PROMPT[-1]] + theirs[:-1])]
+    err = [float(np.abs(a - b).max()) for a, b in zip(forced, their_logits)]
+    scale = max(float(np.abs(b).max()) for b in their_logits)
+    near = []  # (step, llama.cpp's id, ours, llama.cpp's gap between them, the step's error)
+    for s, (a, b, t) in enumerate(zip(forced, their_logits, theirs)):
+        mine = int(np.argmax(a))
+        if mine != t:
+            near.append((s, t, mine, float(b[t] - b[mine]), err[s]))
+    first = next((s for s, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    with capsys.disabled():
+        print(f"\nllama.cpp vs our GGUF path (Q4_0), {STEPS} greedy steps: ids "
+              f"{'equal' if first is None else f'differ from step {first}'}; logits' error (ours teacher-forced) "
+              f"max {max(err):.3g}, {max(err) / scale:.2e} of the largest |logit|; steps picking another id "
+              f"(step, llama.cpp's, ours, llama.cpp's gap, error): {near or 'none'}")
+    assert max(err) / scale < 0.05  # the same model: only the activations' 8-bit rounding between the two
+    assert all(gap <= e for _, _, _, gap, e in near)
+    assert first is None or first in [s for s, *_ in near]

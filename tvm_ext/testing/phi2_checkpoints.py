@@ -185,8 +185,12 @@ CONVERT = """import runpy, sys
 root = sys.argv[1]
 sys.path[:0] = [root, root + "/gguf-py"]
 import conversion.phi as phi
-# a tokenizer trained in a test is none llama.cpp knows (its converter matches tokenizers by hash): no vocabulary
-phi.Phi2Model.set_vocab = lambda self: self.gguf_writer.add_tokenizer_model("none")
+# a tokenizer trained in a test is none llama.cpp knows (its converter matches tokenizers by hash): no vocabulary,
+# its size said (llama.cpp gives a "none" vocabulary that many dummy tokens, and takes no id beyond)
+def no_vocab(self):
+    self.gguf_writer.add_tokenizer_model("none")
+    self.gguf_writer.add_vocab_size(self.hparams["vocab_size"])
+phi.Phi2Model.set_vocab = no_vocab
 sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
 runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
 """

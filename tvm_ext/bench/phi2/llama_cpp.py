@@ -5,7 +5,8 @@ random weights and every matrix in Q4_0 (the format of tvm_ext's q4 path: blocks
 returns llama-bench's prompt-processing tokens/s. Random weights: the Q4_0 kernels' speed does not depend on the
 values, and no model download is needed. ``tvm-ext generate --prompt N --peers llama.cpp`` runs it in the same
 process as tvm_ext's prefill (DESIGN.md "Measuring"); the build, the sdist and the GGUFs are cached in
-``default_cache_dir()`` (~1.8 GB).
+``default_cache_dir()`` (~1.8 GB).  The same build makes llama-quantize and our greedy-decoding program
+(``llama_greedy``: llama.cpp's own tokens and logits on a GGUF, for the reference tests).
 """
 import json
 import os
@@ -26,6 +27,7 @@ import numpy as np
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_SERVER=OFF", "-DBUILD_SHARED_LIBS=OFF")
+BUILT = ("llama-bench", "llama-quantize", "tvm-ext-greedy")  # what a build makes (llama_programs: the last)
 MARKER = "tvm_ext_build.json"  # written next to the built tree: version and commit of the vendored llama.cpp
 
 Q4_0_TYPE, MOSTLY_Q4_0, F32_TYPE = 2, 2, 0  # ggml_type Q4_0, llama_ftype MOSTLY_Q4_0, ggml_type F32
@@ -84,20 +86,55 @@ def _bench_commit(bench: Path) -> str:
     return m.group(1) if m else "unknown"
 
 
-def find_or_build(cache_dir, log=print) -> dict:
-    """llama-bench under cache_dir/llama.cpp/build/bin, building it from the pinned sdist if absent."""
+def find_or_build(cache_dir, log=print, targets=("llama-bench",)) -> dict:
+    """llama.cpp's ``targets`` under cache_dir/llama.cpp/build/bin (``BUILT``: llama-bench, llama-quantize and
+    our ``llama_greedy`` program), built from the pinned sdist where one is absent.  A build makes all of
+    ``BUILT`` in a fresh tree (CMake's cache names the tree's path, so a finished tree, once moved into place, is
+    not built in again) and replaces an older tree that lacked some.  One build at a time per cache: a lock file
+    in it, so a second process asking waits, then finds the binaries."""
     cache_dir = Path(cache_dir)
     source = cache_dir / "llama.cpp"
     bench = source / "build" / "bin" / "llama-bench"
-    if bench.is_file():
-        marker = source / MARKER
-        commit = json.loads(marker.read_text())["commit"] if marker.is_file() else _bench_commit(bench)
-        return {"bench": str(bench), "source": str(source), "commit": commit}
+    if all((source / "build" / "bin" / t).is_file() for t in targets):
+        return _found(source, bench)
+    what = ", ".join(targets)
     if shutil.which("cmake") is None:
-        raise ValueError("cmake not found: install cmake to build llama.cpp's llama-bench")
+        raise ValueError(f"cmake not found: install cmake to build llama.cpp's {what}")
     if not (os.environ.get("CXX") or any(shutil.which(c) for c in ("c++", "g++", "clang++"))):
-        raise ValueError("C++ compiler not found: install g++ (or set CXX) to build llama.cpp's llama-bench")
+        raise ValueError(f"C++ compiler not found: install g++ (or set CXX) to build llama.cpp's {what}")
     cache_dir.mkdir(parents=True, exist_ok=True)
+    import fcntl
+
+    with open(cache_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, however the process ends
+        if not all((source / "build" / "bin" / t).is_file() for t in targets):
+            _build(cache_dir, source, log)
+    return _found(source, bench)
+
+
+def _found(source: Path, bench: Path) -> dict:
+    marker = source / MARKER
+    commit = json.loads(marker.read_text())["commit"] if marker.is_file() else _bench_commit(bench)
+    return {"bench": str(bench), "source": str(source), "commit": commit}
+
+
+def _add_programs(src: Path):
+    """Our own small programs against libllama (``llama_programs.PROGRAMS``) as examples of the tree."""
+    from .llama_programs import PROGRAMS
+
+    listing = src / "examples" / "CMakeLists.txt"
+    for name, code in PROGRAMS.items():
+        d = src / "examples" / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "main.cpp").write_text(code)
+        (d / "CMakeLists.txt").write_text(f"add_executable({name} main.cpp)\n"
+                                          f"target_link_libraries({name} PRIVATE llama ${{CMAKE_THREAD_LIBS_INIT}})\n"
+                                          f"target_compile_features({name} PRIVATE cxx_std_17)\n")
+        listing.write_text(listing.read_text() + f"\nadd_subdirectory({name})\n")
+
+
+def _build(cache_dir: Path, source: Path, log):
+    """All of ``BUILT`` in a tree extracted from the sdist, then moved to ``source``."""
     build_log = cache_dir / "build.log"
     build_log.write_text("")
     name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
@@ -118,24 +155,25 @@ def find_or_build(cache_dir, log=print) -> dict:
         src = root / "vendor" / "llama.cpp"
         if not (src / "CMakeLists.txt").is_file():
             raise ValueError(f"{sdist.name} has no vendor/llama.cpp/CMakeLists.txt")
+        _add_programs(src)
         commit = _sdist_commit(root)
         jobs = os.cpu_count() or 1
         log(f"llama.cpp: configuring {commit[:9]} with cmake (log: {build_log})")
         _run(["cmake", "-S", src, "-B", src / "build", *CMAKE_FLAGS], "cmake configure of llama.cpp", build_log)
-        log(f"llama.cpp: building llama-bench with -j{jobs} (several minutes on 2 cores)")
+        log(f"llama.cpp: building {', '.join(BUILT)} with -j{jobs} (several minutes on 2 cores)")
         t0 = time.time()
-        _run(["cmake", "--build", src / "build", "--target", "llama-bench", "-j", jobs],
-             "cmake build of llama-bench", build_log)
-        if not (src / "build" / "bin" / "llama-bench").is_file():
-            raise ValueError(f"build finished but made no build/bin/llama-bench (log: {build_log})")
+        _run(["cmake", "--build", src / "build", "--target", *BUILT, "-j", jobs],
+             f"cmake build of {', '.join(BUILT)}", build_log)
+        for target in BUILT:
+            if not (src / "build" / "bin" / target).is_file():
+                raise ValueError(f"build finished but made no build/bin/{target} (log: {build_log})")
         (src / MARKER).write_text(json.dumps({"llama_cpp_python": LLAMA_CPP_PYTHON_VERSION, "commit": commit}))
-        if source.exists():  # a tree without the binary: left by someone else, never by a finished build
+        if source.exists():  # an older tree without some of the binaries
             shutil.rmtree(source)
         os.replace(src, source)
-        log(f"llama.cpp: built {bench} in {time.time() - t0:.0f} s")
+        log(f"llama.cpp: built {source / 'build' / 'bin'} in {time.time() - t0:.0f} s")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"bench": str(bench), "source": str(source), "commit": commit}
 
 
 def import_gguf(cache_dir=None):
