@@ -427,22 +427,30 @@ def open_database(work_dir: str, read_only: bool = False) -> ms.database.JSONDat
 
 # what the records' tensor intrinsics (tvm_ext.intrinsics) need of the CPU, by name prefix
 _INTRIN_NEEDS = (("tvm_ext.dot_16x4_avx512vnni", "AVX-512 VNNI", lambda t: "avx512vnni" in vnni_kinds(t)),
+                 ("tvm_ext.q4_int8_group_avx512vnni", "AVX-512 VNNI", lambda t: "avx512vnni" in vnni_kinds(t)),
                  ("tvm_ext.dot_16x4_avxvnni", "AVX-VNNI", lambda t: "avxvnni" in vnni_kinds(t)),
+                 ("tvm_ext.q4_int8_group_avxvnni", "AVX-VNNI", lambda t: "avxvnni" in vnni_kinds(t)),
                  ("tvm_ext.dot_16x4_avx2", "AVX2", has_avx2),
+                 ("tvm_ext.q4_int8_group_avx2", "AVX2", has_avx2),
                  ("tvm_ext.amx_", "AMX", has_amx))
+_RECORD_MCPU = re.compile(r'"mcpu":\s*"([^"]+)"')
 
 
-def check_instructions(work_dir: str, target) -> None:
+def check_instructions(work_dir: str, target, advice: str = "bench it on a host that has them, "
+                                                             "or tune for this one") -> None:
     """One-line DatabaseMismatch when the database's records tensorize with instructions
     ``target`` lacks (a VNNI database benched on an AVX2-only host): compiling them makes
-    LLVM abort the whole process ("Do not know how to split the result of this operator!")."""
+    LLVM abort the whole process ("Do not know how to split the result of this operator!").
+    The line names the CPU(s) the records were tuned for and ends with ``advice``."""
     text = _read_bytes(os.path.join(work_dir, RECORDS)).decode("utf-8", "replace")
     for prefix, name, target_has in _INTRIN_NEEDS:
         if prefix in text and not target_has(target):
             mcpu = target.attrs.get("mcpu", "no mcpu") if hasattr(target, "attrs") else target
+            tuned_for = sorted(set(_RECORD_MCPU.findall(text)))
             raise DatabaseMismatch(
-                f"{work_dir} holds schedules with {name} instructions ({prefix}...), which this target "
-                f"({mcpu}) lacks: bench it on a host that has them, or tune for this one")
+                f"{work_dir}" + (f" (tuned for {', '.join(tuned_for)})" if tuned_for else "")
+                + f" holds schedules with {name} instructions ({prefix}...), which this target "
+                f"({mcpu}) lacks: {advice}")
 
 
 def records_of(database, mod: tvm.IRModule) -> list:

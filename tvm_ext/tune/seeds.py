@@ -166,11 +166,17 @@ def read_kept(db_dir: str) -> dict:
 
 
 # --------------------------------------------------------------------------- what ``tuned`` reads
-def tuned_inputs(db_dir: str) -> tuple:
+def tuned_inputs(db_dir: str, target=None) -> tuple:
     """(the work dir's database, read only; the keys of the kernels ``confirm_picks`` kept untuned): the
-    ``database`` and ``keep_untuned`` of ``tvm_ext.ApplySchedules(target, "tuned", ...)``."""
-    from tvm_ext.tune.database import open_database
+    ``database`` and ``keep_untuned`` of ``tvm_ext.ApplySchedules(target, "tuned", ...)``.  With ``target``:
+    one-line ``DatabaseMismatch`` first where the records tensorize with instructions it lacks
+    (``check_instructions``; a database tuned on an AVX-512 host would make LLVM abort the process)."""
+    from tvm_ext.targets import resolve_target
+    from tvm_ext.tune.database import check_instructions, open_database
 
     if not db_dir or not os.path.isdir(db_dir):
         raise ValueError(f"schedule 'tuned': no tuning database {db_dir}")
+    if target is not None:
+        check_instructions(db_dir, resolve_target(target), "run schedule int8 here (our rules, untuned), "
+                           "or tune a database for this CPU (generate --tune TRIALS)")
     return open_database(db_dir, read_only=True), frozenset(read_kept(db_dir))

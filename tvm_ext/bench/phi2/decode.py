@@ -88,7 +88,7 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     kv_dtypes = [check_kv_dtype(kv) for kv in kv_dtypes]
     for how in check_schedules(schedules, SCHEDULES):  # one clear line before minutes of work
         if how == "tuned" and not tune_trials:
-            tuned_inputs(database)
+            tuned_inputs(database, target)
         if how in INT8_ROWS:
             from tvm_ext.workloads.phi2.q4_int8_gemm import check_target
 

@@ -150,7 +150,7 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     if "tuned" in schedules and not tune_trials:
         from tvm_ext.tune.seeds import tuned_inputs
 
-        tuned_inputs(database)
+        tuned_inputs(database, target)
     threads = int(threads or physical_cores())
     set_threads(threads)
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)

@@ -14,11 +14,12 @@ KV_WRITES = ("kv_write", "kv_write_prompt")  # the in-place KV-cache writes: nev
 
 def schedule(mod, target, how="dlight", database=None):
     """(``mod`` scheduled ``how`` by ``tvm_ext.ApplySchedules``, {kernel: what scheduled it}); ``tuned``
-    reads the work dir ``database`` (``tune.seeds.tuned_inputs``); the in-place KV writes are left."""
+    reads the work dir ``database`` (``tune.seeds.tuned_inputs``: refused in one line where its records need
+    instructions ``target`` lacks); the in-place KV writes are left."""
     from tvm_ext.scheduling import schedule_module
     from tvm_ext.tune.seeds import tuned_inputs
 
-    db, kept = tuned_inputs(database) if how == "tuned" else (None, ())
+    db, kept = tuned_inputs(database, target) if how == "tuned" else (None, ())
     return schedule_module(mod, target, how, db, kept, skip=KV_WRITES)
 
 
