@@ -36,12 +36,10 @@ def add_parser(sub) -> None:
                         "unscheduled kernels (quick checks)")
     p.add_argument("--kv-cache", metavar="LIST", default=None,
                    help="the KV cache's storage, comma-separated, each a row for each --schedule (same weights and "
-                        "past): float32, float16 (default: half the bytes, the attention computes in float32; "
-                        "measured faster than float32 at contexts 512 and 2032 on a 2-core EPYC, same tokens) or "
+                        "past): float32 (default), float16 (half the bytes; the attention computes in float32) or "
                         "int8 (a quarter, plus one float32 scale per position and head); rows other than float32 "
-                        "report "
-                        "their tokens and logits against the float32 cache's row of their schedule. Decode only (not "
-                        "with --prompt, --model or a GPU --target)")
+                        "report their tokens and logits against the float32 cache's row of their schedule. Decode "
+                        "only (not with --prompt, --model or a GPU --target)")
     p.add_argument("--database", metavar="DIR", default=None,
                    help=f"tuning work dir for --schedule tuned (default: with --tune {INT8_DATABASE}, "
                         f"else the saved {SAVED_INT8_DATABASE} where it exists)")
@@ -100,7 +98,7 @@ def run(args) -> int:
 
     from tvm_ext.schedule_rule import is_gpu
 
-    kv = kv_caches(args, benchmark=args.model is None and not args.prompt and args.target == "llvm")
+    kv = kv_caches(args)
     if kv != ["float32"] and (args.model is not None or args.prompt or args.target != "llvm"):
         raise ValueError("--kv-cache float16 / int8 is the CPU decode benchmark's for now (not with --prompt, --model "
                          "or a GPU --target)")
@@ -161,16 +159,12 @@ def run(args) -> int:
     return 0
 
 
-DEFAULT_KV_CACHE = "float16"  # the CPU decode benchmark's (docs/journal.md: faster than float32, same tokens)
-
-
-def kv_caches(args, benchmark=True) -> list:
-    """The --kv-cache list (one clear line for a bad one); unset: ``DEFAULT_KV_CACHE`` for the CPU decode
-    benchmark (``benchmark``), float32 elsewhere."""
+def kv_caches(args) -> list:
+    """The --kv-cache list, float32 unless given (float16 was not faster in every run: docs/journal.md); one
+    clear line for a bad one."""
     from tvm_ext.workloads.phi2.kv_cache import KV_DTYPES
 
-    given = args.kv_cache or (DEFAULT_KV_CACHE if benchmark else "float32")
-    names = list(dict.fromkeys(k.strip() for k in given.split(",") if k.strip()))
+    names = list(dict.fromkeys(k.strip() for k in (args.kv_cache or "float32").split(",") if k.strip()))
     if not names or any(k not in KV_DTYPES for k in names):
         raise ValueError(f"--kv-cache takes {', '.join(KV_DTYPES)} (comma-separated), not {args.kv_cache!r}")
     return names
