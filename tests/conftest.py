@@ -38,6 +38,8 @@ def pytest_collection_modifyitems(config, items):
     first, and the other tests, dealt out one by one, fill the workers' ends. xdist's default deals the first
     quarter of the tests out one by one (such fixtures were made on both workers); whole modules per worker
     left one worker idle for a third of the run."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
     grouped, single = [], []
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
