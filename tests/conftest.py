@@ -29,23 +29,3 @@ def _one_thread_after_each_test():
         from tvm_ext.bench.timing import set_threads
 
         set_threads(1)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under xdist (pytest.ini: --dist loadgroup): the tests of a module with a module-scoped fixture (a tuned
-    database, a built model) form one group, run on one worker, so the fixture is made once; those groups go
-    first, and the other tests, dealt out one by one, fill the workers' ends. xdist's default deals the first
-    quarter of the tests out one by one (such fixtures were made on both workers); whole modules per worker
-    left one worker idle for a third of the run."""
-    if config.getoption("dist", "no") != "loadgroup":
-        return
-    grouped, single = [], []
-    for item in items:
-        defs = getattr(item, "_fixtureinfo", None)
-        if defs is not None and any(d.scope == "module" for ds in defs.name2fixturedefs.values() for d in ds):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-            grouped.append(item)
-        else:
-            single.append(item)
-    items[:] = grouped + single
