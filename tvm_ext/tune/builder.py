@@ -29,13 +29,14 @@ class PooledLocalBuilder(LocalBuilder._cls):  # pylint: disable=protected-access
 
     def __init__(self, **kwargs):
         self._pool = None
+        self._stop = None  # the pool's finalizer: shuts it down once, on close(), collection or exit
         super().__init__(**kwargs)
 
     def _executor(self) -> PopenPoolExecutor:
         if self._pool is None:
             self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec,
                                            initializer=self.initializer, maximum_process_uses=WORKER_USES)
-            weakref.finalize(self, self._pool.shutdown)  # at the latest when the process exits
+            self._stop = weakref.finalize(self, self._pool.shutdown)
         return self._pool
 
     def _sanity_check(self) -> None:
@@ -64,7 +65,7 @@ class PooledLocalBuilder(LocalBuilder._cls):  # pylint: disable=protected-access
     def close(self) -> None:
         """Stop the worker processes now (they also stop when the builder is collected or Python exits)."""
         if self._pool is not None:
-            self._pool.shutdown()
+            self._stop()  # runs the shutdown once and detaches it
             self._pool = None
 
 
