@@ -4,7 +4,7 @@ import inspect
 import subprocess
 import sys
 
-from tvm_ext.intrinsics.fast_import import _getmodule_memoized_by_file
+from tvm_ext.intrinsics import quick_parsing
 
 
 def _frames():
@@ -14,7 +14,7 @@ def _frames():
 def test_stack_is_the_same_with_memoized_getmodule():
     plain = _frames()
     original = inspect.getmodule
-    with _getmodule_memoized_by_file():
+    with quick_parsing():
         assert inspect.getmodule is not original
         memoized = [_frames(), _frames()]  # the second call is answered from the memo
     assert inspect.getmodule is original
@@ -32,3 +32,18 @@ def test_fast_import_registers_the_intrinsics():
             "assert tvm.s_tir.TensorIntrin.get(n).desc is not None\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_each_name_of_ours_registers_that_intrinsic():
+    """``tvm_ext.intrinsics.makers``: no two families share a name, and a name's call registers
+    the intrinsic of that name (what a database's records are opened with)."""
+    from tvm.s_tir import TensorIntrin
+
+    from tvm_ext.intrinsics import amx, makers, q4_amx, q4_vnni, vnni
+
+    families = [vnni.makers(), amx.makers(), q4_vnni.makers(), q4_amx.makers()]
+    assert len(makers()) == sum(len(f) for f in families)
+    for name in (vnni.AVX2_INTRIN, amx.init_intrin(3, True), amx.dot_intrin(5, 2, "k4t3"),
+                 q4_vnni.intrin_name(2, 1, "avxvnni"), q4_amx.init_name(4, 1)):
+        makers()[name]()
+        assert TensorIntrin.get(name, allow_missing=True) is not None, name

@@ -138,14 +138,22 @@ def test_sampled_amx_candidate_replays_from_its_trace():
     np.testing.assert_array_equal(_call(replayed.mod, inputs, m).astype(np.int64), want)
 
 
-def test_database_registration_includes_the_amx_tiles():
-    """``q4_vnni.register_intrinsics`` (what opening a database calls) registers every AMX tile."""
-    q4_vnni.register_intrinsics()
-    for mb in q4_amx.TOKEN_TILES:
-        for nb in q4_amx.COLUMN_TILES:
-            for emulated in (False, True):
-                TensorIntrin.get(q4_amx.intrin_name(mb, nb, emulated))
-                TensorIntrin.get(q4_amx.init_name(mb, nb, emulated))
+def test_opening_a_database_registers_the_amx_tiles_its_records_name(tmp_path):
+    """What opening a database calls registers the q4 tiles its records name, AMX ones too (their
+    dot with its init), and every tile has a name it can be found by."""
+    from tvm_ext.intrinsics import makers
+    from tvm_ext.tune.database import register_record_intrinsics
+
+    known = makers()
+    assert all(q4_amx.intrin_name(mb, nb, e) in known and q4_amx.init_name(mb, nb, e) in known
+               for mb in q4_amx.TOKEN_TILES for nb in q4_amx.COLUMN_TILES for e in (False, True))
+    dot, vnni = q4_amx.intrin_name(6, 2, True), q4_vnni.intrin_name(1, 4, "avx2", 8192)
+    records = tmp_path / "database_tuning_record.json"
+    records.write_text(f'[0, [[[["Tensorize", ["b1"], ["{dot}", 1], []],'
+                       f' ["Tensorize", ["b2"], ["{vnni}", 1], []]], []]]]\n')
+    register_record_intrinsics(str(records))
+    for name in (dot, q4_amx.init_name(6, 2, True), vnni):
+        TensorIntrin.get(name)
 
 
 # --------------------------------------------------------------------------- the real form, cross-compiled

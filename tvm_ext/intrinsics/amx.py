@@ -36,6 +36,8 @@ The process needs the kernel's permission for tile data first: ``tvm_ext.amx.req
 """
 from __future__ import annotations
 
+import functools
+
 from tvm.script import tirx as T
 
 from tvm_ext.intrinsics import register_once
@@ -405,13 +407,32 @@ def _make_init(rows: int, emulated: bool = False):
     return _specialize(_init_desc, rows), _specialize(_init_impl_emulated if emulated else _init_impl, rows)
 
 
+def register_init(rows: int, emulated: bool = False) -> str:
+    """Register (once) the config + zero intrinsic of a ``rows``-row C tile; returns its name."""
+    return register_once(init_intrin(rows, emulated), lambda: _make_init(rows, emulated))
+
+
 def register_dot(rows: int, stride: int = 1, k_form: str = "k4", emulated: bool = False) -> str:
     """Register (once) the dot intrinsic and its init; returns the dot's name."""
     if not (1 <= rows <= 16 and stride in STRIDES and k_form in K_FORMS):
         raise ValueError(f"no AMX intrinsic for rows={rows} stride={stride} k_form={k_form!r}")
-    register_once(init_intrin(rows, emulated), lambda: _make_init(rows, emulated))
+    register_init(rows, emulated)
     return register_once(dot_intrin(rows, stride, k_form, emulated),
-                     lambda: _make_dot(rows, stride, k_form, emulated))
+                         lambda: _make_dot(rows, stride, k_form, emulated))
+
+
+def makers() -> dict:
+    """Name -> the call that registers it, for every dot and init, real and emulated (nothing is
+    parsed here)."""
+    out = {}
+    for emulated in (False, True):
+        for rows in range(1, 17):
+            out[init_intrin(rows, emulated)] = functools.partial(register_init, rows, emulated)
+            for stride in STRIDES:
+                for k_form in K_FORMS:
+                    out[dot_intrin(rows, stride, k_form, emulated)] = functools.partial(
+                        register_dot, rows, stride, k_form, emulated)
+    return out
 
 
 def register_intrinsics() -> None:

@@ -203,6 +203,18 @@ def register(mb: int, nb: int, emulated: bool = False) -> tuple[str, str]:
     return dot, init
 
 
+def makers() -> dict:
+    """Name -> the call that registers it (the dot and its init together), for every (MB, NB) tile,
+    real and emulated (nothing is parsed here)."""
+    out = {}
+    for emulated in (False, True):
+        for mb in TOKEN_TILES:
+            for nb in COLUMN_TILES:
+                make = functools.partial(register, mb, nb, emulated)
+                out[intrin_name(mb, nb, emulated)] = out[init_name(mb, nb, emulated)] = make
+    return out
+
+
 def register_intrinsics() -> None:
     """Every (MB, NB) tile, real and emulated (a database whose traces name them loads only once
     they exist); called by ``q4_vnni.register_intrinsics``."""

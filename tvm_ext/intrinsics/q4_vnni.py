@@ -26,6 +26,8 @@ hardware prefetchers alone stop at each 4 KiB page.
 """
 from __future__ import annotations
 
+import functools
+
 from tvm.script import tirx as T
 
 from tvm_ext.intrinsics import register_once
@@ -164,17 +166,21 @@ def register(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0) -> str:
     return register_once(intrin_name(mb, nb, form, ahead), lambda: (_desc(mb, nb), _impl(mb, nb, form, ahead)))
 
 
+def makers() -> dict:
+    """Name -> the call that registers it, for every form the rule offers: every (MB, NB) of each
+    ISA form, the prefetching ones for one token (nothing is parsed here)."""
+    return {intrin_name(mb, nb, form, ahead): functools.partial(register, mb, nb, form, ahead)
+            for form in FORMS for mb in TOKEN_TILES for nb in COLUMN_TILES
+            for ahead in (AHEAD if mb == 1 else (0,))}
+
+
 def register_intrinsics() -> None:
-    """Every form the rule offers (a database whose traces name them loads only once they exist):
-    every (MB, NB) of each ISA form, the prefetching ones for one token; the AMX form's tiles too
-    (``q4_amx``: the rule offers them on AMX hosts)."""
+    """Every form the rule offers, the AMX form's tiles too (``q4_amx``: the rule offers them on
+    AMX hosts)."""
     from tvm_ext.intrinsics import q4_amx  # pylint: disable=import-outside-toplevel
 
-    for form in FORMS:
-        for mb in TOKEN_TILES:
-            for nb in COLUMN_TILES:
-                for ahead in AHEAD if mb == 1 else (0,):
-                    register(mb, nb, form, ahead)
+    for make in makers().values():
+        make()
     q4_amx.register_intrinsics()
 
 

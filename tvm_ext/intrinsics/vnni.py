@@ -167,12 +167,16 @@ def avx2_intrin() -> str:
     return _register(AVX2_INTRIN, 8, lambda: _pmadd)
 
 
+def makers() -> dict:
+    """Name -> the call that registers it, for every form (nothing is parsed here)."""
+    return {AVX512_VNNI_INTRIN: avx512_vnni_intrin, AVX_VNNI_INTRIN: avx_vnni_intrin, AVX2_INTRIN: avx2_intrin}
+
+
 def register_intrinsics() -> None:
     """Register every form: a database whose traces tensorize with them can only be
     loaded (JSONDatabase replays every trace) once they exist in this process."""
-    avx512_vnni_intrin()
-    avx_vnni_intrin()
-    avx2_intrin()
+    for make in makers().values():
+        make()
 
 
 def vnni_intrin_name(target) -> Optional[str]:

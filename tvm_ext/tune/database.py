@@ -329,26 +329,25 @@ def record_intrinsics(*record_paths: str) -> set:
 
 def register_record_intrinsics(*record_paths: str) -> None:
     """Register the tensor intrinsics that records name before a database holding them is opened (TVM
-    replays each trace as it loads it, and a trace naming an unknown intrinsic does not load): ours
-    (VNNI, AMX, the q4 x int8 tiles) always; the per-shape q4 GEMV ones a record names; TVM's own
-    (wmma, mma, dp4a: ``tvm.s_tir.tensor_intrin``, imported the fast way, seconds) when a ``Tensorize``
-    of ``record_paths`` names one not registered yet: the plugin's int8 tensor-core sketches do, and in
-    a fresh process only ``tvm_ext.space()`` had imported them."""
+    replays each trace as it loads it, and a trace naming an unknown intrinsic does not load): those
+    of ours a ``Tensorize`` of ``record_paths`` names (``tvm_ext.intrinsics.makers``; the per-shape
+    q4 GEMV ones from their names), then TVM's own (wmma, mma, dp4a: ``tvm.s_tir.tensor_intrin``,
+    imported the fast way, seconds) if one named is still unknown: the plugin's int8 tensor-core
+    sketches name them, and in a fresh process only ``tvm_ext.space()`` had imported them.
+    Only what is named is parsed: registering every q4 tile took ~7 s of each process."""
     from tvm.s_tir import TensorIntrin
 
-    from tvm_ext.intrinsics.amx import register_intrinsics as register_amx
+    from tvm_ext.intrinsics import makers
     from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
     from tvm_ext.intrinsics.q4_gemv import register as register_q4_gemv
-    from tvm_ext.intrinsics.q4_vnni import register_intrinsics as register_q4
-    from tvm_ext.intrinsics.vnni import register_intrinsics
 
-    register_intrinsics()
-    register_amx()
-    register_q4()
     missing = [n for n in record_intrinsics(*record_paths) if TensorIntrin.get(n, allow_missing=True) is None]
-    for n in missing:  # the q4 GEMV's intrinsics are made per shape; the name encodes it
+    ours = makers() if missing else {}
+    for n in missing:
         found = _Q4_GEMV.match(n)
-        if found:
+        if n in ours:
+            ours[n]()
+        elif found:  # the q4 GEMV's intrinsics are made per shape; the name encodes it
             x, c, rows, k, scale, index, lanes = found.groups()
             register_q4_gemv(int(x), int(c), int(rows), int(k), scale, index, int(lanes))
     if any(TensorIntrin.get(n, allow_missing=True) is None for n in missing):
