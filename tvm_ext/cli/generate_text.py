@@ -115,8 +115,8 @@ def held_bytes(dec) -> int:
 
 def compare_random(gen, prompt, tokens, rounds, how, log) -> dict:
     """The checkpoint's decoder and the random-weight benchmark model of the same shape, same capacity and
-    schedule, each generating from ``prompt`` once per round, interleaved: medians of their tok/s and of the
-    rounds' ratios (checkpoint over random)."""
+    schedule, each generating from ``prompt`` once untimed, then once per round, interleaved in
+    alternating order: medians of their tok/s and of the rounds' ratios (checkpoint over random)."""
     import numpy as np
 
     from tvm_ext.workloads.phi2.compiled import decoder
@@ -128,10 +128,16 @@ def compare_random(gen, prompt, tokens, rounds, how, log) -> dict:
     config = next((name for name, c in CONFIGS.items() if all(cfg[k] == v for k, v in c.items())), None)
     random = decoder(build_model(config or dict(cfg, weights="q4", name="random"), gen.model.layers,
                                  capacity=gen.model.capacity), "llvm", how, log=log)
+    decoders, names = (gen.decoder, random), ("checkpoint", "random")
+    for d in decoders:  # untimed: the first steps after an upload ran slower (181 vs 142-147 ms
+        # a step, 32 layers, in one check on an idle host)
+        timed_generate(d, prompt, min(tokens, 8))
     runs = []
-    for r in range(rounds):
-        log(f"round {r + 1}/{rounds}: checkpoint, random")
-        runs.append([timed_generate(d, prompt, tokens) for d in (gen.decoder, random)])
+    for r in range(rounds):  # the order alternates: a drift during the run favours neither
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        log(f"round {r + 1}/{rounds}: " + ", ".join(names[i] for i in order))
+        got = {i: timed_generate(decoders[i], prompt, tokens) for i in order}
+        runs.append([got[0], got[1]])
     med = lambda xs: float(np.median(xs))  # noqa: E731
     return {"config": config or "random weights in the checkpoint's architecture",
             "rounds": [{"decode_tok_s": [a.decode_tok_s, b.decode_tok_s], "prompt_tok_s": [a.prompt_tok_s,
