@@ -29,3 +29,13 @@ def _one_thread_after_each_test():
         from tvm_ext.bench.timing import set_threads
 
         set_threads(1)
+
+
+# TVMScript's ``@T.prim_func`` calls ``inspect.stack()``, which under pytest's deep stacks resolves the
+# module of every frame by rescanning ``sys.modules`` (``tvm_ext.intrinsics.quick_parsing``): the
+# test modules' and helpers' PrimFuncs made collecting 30 s of each worker's time. The whole test
+# session parses with that lookup memoized per file name, as the plugin parses its own intrinsics.
+from tvm_ext.intrinsics import quick_parsing  # noqa: E402
+
+_QUICK_PARSING = quick_parsing()  # kept: a dropped generator would restore the lookup at once
+_QUICK_PARSING.__enter__()

@@ -124,7 +124,7 @@ def test_metaschedule(fusion, tmp_path, seeded):
 
 
 def test_seeded_without_tuning_is_dlight(decode, tmp_path):
-    wl, ks = decode
+    _, ks = decode
     target = resolve_target("llvm")
     mods = {k.name: pk.normalize(k.func) for k in ks.kernels}
     dl = {n: scheduling.dlight_schedule(m, target) for n, m in mods.items()}
@@ -136,10 +136,9 @@ def test_seeded_without_tuning_is_dlight(decode, tmp_path):
     assert all(trials_to_beat(db_dir, m, 1.0) is None for m in mods.values())  # the seed was not measured
     for (m, best), (rule, sch) in zip(pairs, dl.values()):
         expect = sch.mod if sch is not None else m
-        # the seeded database's best record replays to exactly the dlight schedule
+        # the seeded database's best record replays to exactly the dlight schedule, whose numbers
+        # test_dlight checks on the same module (compiling it again here took ~15 s of the default run)
         tvm.ir.assert_structural_equal(best["main"].body, expect["main"].body, map_free_vars=True)
-    ok, msg = _run(wl, pairs)
-    assert ok, msg
 
 
 def test_prefill_both_fusions_match_reference():
