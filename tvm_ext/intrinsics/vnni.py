@@ -52,24 +52,6 @@ MADDWD = "llvm.x86.avx2.pmadd.wd"  # 16 x 16 int16 -> 8 int32 (adjacent pairs)
 # _operand_style), under the same 16x4 description.
 
 
-# Importing tvm.s_tir.tensor_intrin (even .x86) runs its package __init__, which builds
-# every CUDA intrinsic: ~30 s of CPU. So the description is written here, not imported.
-@T.prim_func(s_tir=True)
-def _dot_16x4_desc(
-    a: T.Buffer((4,), "uint8", offset_factor=1),
-    b: T.Buffer((16, 4), "int8", offset_factor=1),
-    c: T.Buffer((16,), "int32", offset_factor=1),
-) -> None:
-    # c[lane] += sum over 4 bytes of a[byte] * b[lane, byte]
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-        T.writes(c[0:16])
-        for lane, byte in T.grid(16, 4):
-            with T.sblock("update"):
-                v_lane, v_byte = T.axis.remap("SR", [lane, byte])
-                c[v_lane] = c[v_lane] + T.cast(a[v_byte], "int32") * T.cast(b[v_lane, v_byte], "int32")
-
-
 def _vpdpbusd(instr_lanes: int, byte_operands: bool):
     """``update(acc, a, b)``: acc + per int32 lane the 4 products of unsigned ``a`` and signed
     ``b`` bytes, as one vpdpbusd of ``instr_lanes`` lanes; ``a`` and ``b`` any vectors of
@@ -146,9 +128,33 @@ def _operand_style() -> bool:
     return first
 
 
+# Importing tvm.s_tir.tensor_intrin (even .x86) runs its package __init__, which builds
+# every CUDA intrinsic: ~30 s of CPU. So the description is written here, not imported. It is
+# parsed on first use (``_desc``): parsed at import, it cost every process 0.5-0.7 s.
+@lru_cache(maxsize=1)
+def _desc() -> tirx.PrimFunc:
+    """The 16x4 description every form shares."""
+    @T.prim_func(s_tir=True)
+    def _dot_16x4_desc(
+        a: T.Buffer((4,), "uint8", offset_factor=1),
+        b: T.Buffer((16, 4), "int8", offset_factor=1),
+        c: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        # c[lane] += sum over 4 bytes of a[byte] * b[lane, byte]
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+            T.writes(c[0:16])
+            for lane, byte in T.grid(16, 4):
+                with T.sblock("update"):
+                    v_lane, v_byte = T.axis.remap("SR", [lane, byte])
+                    c[v_lane] = c[v_lane] + T.cast(a[v_byte], "int32") * T.cast(b[v_lane, v_byte], "int32")
+
+    return _dot_16x4_desc
+
+
 def _register(name: str, instr_lanes: int, update) -> str:
     """Register ``name`` (once): the 16x4 description, ``_make_impl(instr_lanes, update())``."""
-    return register_once(name, lambda: (_dot_16x4_desc, _make_impl(instr_lanes, update())))
+    return register_once(name, lambda: (_desc(), _make_impl(instr_lanes, update())))
 
 
 def avx512_vnni_intrin() -> str:
