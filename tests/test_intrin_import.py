@@ -4,6 +4,8 @@ import inspect
 import subprocess
 import sys
 
+import pytest
+
 from tvm_ext.intrinsics import quick_parsing
 
 
@@ -23,6 +25,9 @@ def test_stack_is_the_same_with_memoized_getmodule():
     assert any(f[3] for f in plain)  # source lines are really looked up
 
 
+# -m slow: the default run's test_record_intrinsics opens wmma records in a fresh process, which
+# needs this import to have registered them (a second fresh process, ~13 s)
+@pytest.mark.slow
 def test_fast_import_registers_the_intrinsics():
     code = ("import sys, tvm\n"
             "from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics\n"
