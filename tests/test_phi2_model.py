@@ -119,6 +119,9 @@ def test_rounds_interleave_the_rows_and_a_peer():
     (["--tokens", "0"], "--tokens: must be at least 1"),
     (["--context", "2040", "--tokens", "16"], "context overflow"),
     (["--context", "-1"], "--context must be at least 0"),
+    (["--context", "128,x"], "--context takes past positions (comma-separated), not '128,x'"),
+    (["--context", "16,2040", "--tokens", "16"], "context overflow"),  # before the first context's run
+    (["--context", "16,32", "--prompt", "8"], "--context takes one value here"),
 ])
 def test_cli_bad_input(argv, message, capsys, tmp_path):
     out = tmp_path / "e2e.json"
@@ -195,3 +198,17 @@ def test_tuned_takes_database_records_and_our_rules_elsewhere(model, tmp_path):
     tvm.ir.assert_structural_equal(mod["layer_norm"].body, model.mod["layer_norm"].body)
     with pytest.raises(ValueError, match="no tuning database"):
         compiled.schedule(model.mod, target, "tuned", database=str(tmp_path / "missing"))
+
+
+@pytest.mark.slow  # ~25 s: a bandwidth measurement and a build per context
+def test_cli_generate_runs_each_context(tmp_path, capsys):
+    """``--context 3,5``: one run per context in one command, the rows of both in the JSON, a table each."""
+    out = tmp_path / "e2e.json"
+    assert main(["generate", "--config", "reduced", "--layers", "1", "--tokens", "2", "--context", "3,5",
+                 "--schedule", "none", "--quiet", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "16 tokens" not in table and "2 tokens after 3 past positions" in table
+    assert "2 tokens after 5 past positions" in table
+    rows = json.loads(out.read_text())
+    assert [r["context"] for r in rows] == [3, 5] and all(r["tok_s"] > 0 for r in rows)
+

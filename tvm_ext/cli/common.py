@@ -181,3 +181,22 @@ def parse_rulesets(text: str) -> list[str]:
         if target:
             resolve_target(target)  # one clear line for an unknown target name
     return names
+
+
+def contexts(text, default: int, many: bool = False) -> list:
+    """``--context``: past positions, as given (a string) or ``default`` when absent; several, comma-separated,
+    where ``many`` (the CPU decode runs once per context). ValueError, one line, for a bad value."""
+    if text is None:
+        return [default]
+    try:
+        values = [int(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise ValueError(f"--context takes past positions{' (comma-separated)' if many else ''}, not {text!r}")
+    if min(values) < 0:
+        raise ValueError(f"--context must be at least 0, not {min(values)}")
+    if len(values) > 1 and not many:
+        raise ValueError(f"--context takes one value here (several are for the CPU decode), not {text!r}")
+    return list(dict.fromkeys(values))
+

@@ -22,8 +22,10 @@ def add_parser(sub) -> None:
                         "hidden 256, 4 heads x 64, MLP 1024, vocab 1024 (default full)")
     p.add_argument("--layers", type=count, default=None, help="decoder layers (default 32 full, 2 reduced)")
     p.add_argument("--tokens", type=count, default=16, help="tokens to generate (default 16)")
-    p.add_argument("--context", type=int, default=None,
-                   help="past positions already in the KV cache (random; default 512, with --prompt 0)")
+    p.add_argument("--context", default=None,
+                   help="past positions already in the KV cache (random; default 512, with --prompt 0); the decode "
+                        "on the CPU takes several, comma-separated (e.g. 128,512,2032): one run, with its peer, "
+                        "per context")
     p.add_argument("--schedule", default=None,
                    help="comma-separated, each a row of the same run (weights built once per layout): "
                         "dlight (default); rule: tvm_ext's CPU schedules (dequantize-GEMV, LayerNorm, "
@@ -91,12 +93,13 @@ def run(args) -> int:
     import json
 
     from tvm_ext.bench.phi2.decode import decode_e2e_rows
-    from tvm_ext.cli.common import check_out_dir, log, target_of
+    from tvm_ext.cli.common import check_out_dir, contexts, log, target_of
     from tvm_ext.cli.generate_prompt import int8_database, run_prompt
     from tvm_ext.jsonio import write_json
     from tvm_ext.rulesets import check_schedules
 
     from tvm_ext.schedule_rule import is_gpu
+    from tvm_ext.workloads.phi2.model import check_config
 
     kv = kv_caches(args)
     if kv != ["float32"] and (args.model is not None or args.prompt or args.target != "llvm"):
@@ -122,41 +125,46 @@ def run(args) -> int:
     schedules = check_schedules(args.schedule or ("tuned" if args.tune else "dlight"))
     if args.tune and "tuned" not in schedules:
         raise ValueError("--tune fills the database of --schedule tuned: add tuned to --schedule")
-    args.context = 512 if args.context is None else args.context
-    if args.context < 0:
-        raise ValueError(f"--context must be at least 0, not {args.context}")
+    past = contexts(args.context, 512, many=True)
+    for context in past:  # every context fits, before the first run
+        check_config(args.config, args.layers or 1, context + args.tokens)
     check_out_dir(args.out)
     quiet = (lambda msg: None) if args.quiet else log
-    peer, record = None, None
-    if peers:  # llama-bench's decode after the same context, same threads, once per round after our rows
-        from tvm_ext.bench.phi2 import llama_cpp as lc
-        from tvm_ext.targets import physical_cores
-
-        from tvm_ext.workloads.phi2.model import DEFAULT_LAYERS
-
-        # the same model shape as our rows (--config, --layers)
-        prepared = lc.prepare_peer(log=quiet, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
-        work = dict(prompts=(), threads=args.threads or physical_cores(), repetitions=1,
-                    decode=(args.tokens, args.context))
-        peer_rows = []
-
-        def peer():
-            peer_rows.extend(lc.run_llama_bench(prepared["bench"], prepared["gguf"], log=quiet, **work))
-            return peer_rows[-1]["tok_s"]
-
-        record = lc.peer_record(prepared, lc.bench_command(prepared["bench"], prepared["gguf"], **work), peer_rows)
-    rows = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
-                           context=args.context, threads=args.threads, seed=args.seed,
-                           database=int8_database(args), tune_trials=args.tune, rounds=args.rounds, peer=peer,
-                           log=quiet, target=target_of(args), kv_dtypes=kv)
-    if record is not None:  # peer_rows, filled round by round, are the record's rows
-        for r in rows:
-            r["peers"] = [record]
+    rows, tables = [], []
+    for context in past:  # one run per context, its peer's rounds among ours
+        peer, record = _llama_peer(args, context, quiet) if peers else (None, None)
+        got = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
+                              context=context, threads=args.threads, seed=args.seed,
+                              database=int8_database(args), tune_trials=args.tune if not rows else None,
+                              rounds=args.rounds, peer=peer, log=quiet, target=target_of(args), kv_dtypes=kv)
+        if record is not None:  # the peer's rows, filled round by round, are the record's rows
+            for r in got:
+                r["peers"] = [record]
+        rows += got
+        tables.append(format_table(got))
     doc = rows[0] if len(rows) == 1 else rows
     if args.out:
         write_json(args.out, doc)
-    print(json.dumps(doc) if args.json else format_table(rows))
+    print(json.dumps(doc) if args.json else "\n\n".join(tables))
     return 0
+
+
+def _llama_peer(args, context: int, log):
+    """(a call timing llama-bench's decode after ``context`` positions, same threads, returning its tok/s;
+    the record that collects its rows) for the same model shape as our rows (--config, --layers)."""
+    from tvm_ext.bench.phi2 import llama_cpp as lc
+    from tvm_ext.targets import physical_cores
+    from tvm_ext.workloads.phi2.model import DEFAULT_LAYERS
+
+    prepared = lc.prepare_peer(log=log, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
+    work = dict(prompts=(), threads=args.threads or physical_cores(), repetitions=1, decode=(args.tokens, context))
+    peer_rows = []
+
+    def peer():
+        peer_rows.extend(lc.run_llama_bench(prepared["bench"], prepared["gguf"], log=log, **work))
+        return peer_rows[-1]["tok_s"]
+
+    return peer, lc.peer_record(prepared, lc.bench_command(prepared["bench"], prepared["gguf"], **work), peer_rows)
 
 
 def kv_caches(args) -> list:
@@ -175,14 +183,14 @@ def run_gpu(args) -> int:
     import json
 
     from tvm_ext.bench.phi2.decode_gpu import build_only, decode_gpu_rows
-    from tvm_ext.cli.common import check_out_dir, log, target_of
+    from tvm_ext.cli.common import check_out_dir, contexts, log, target_of
     from tvm_ext.jsonio import write_json
     from tvm_ext.rulesets import GPU_SCHEDULES, check_schedules
 
     if args.prompt or args.tune:
         raise ValueError("on a GPU generate decodes only: no --prompt or --tune yet")
     schedules = check_schedules(args.schedule or GPU_SCHEDULES, GPU_SCHEDULES, "on a GPU")  # before the peer's model
-    context = 512 if args.context is None else args.context
+    (context,) = contexts(args.context, 512)
     quiet = (lambda msg: None) if args.quiet else log
     if args.build_only:
         built = build_only(target_of(args), config=args.config, capacity=context + args.tokens, schedules=schedules,

@@ -20,7 +20,7 @@ def run_prompt(args, note: str | None = None) -> int:
     import json
 
     from tvm_ext.bench.phi2.prompt import prompt_rows
-    from tvm_ext.cli.common import check_out_dir, log, target_of
+    from tvm_ext.cli.common import check_out_dir, contexts, log, target_of
     from tvm_ext.jsonio import write_json
     from tvm_ext.rulesets import PROMPT_SCHEDULES, check_schedules
 
@@ -31,9 +31,7 @@ def run_prompt(args, note: str | None = None) -> int:
     for p in peers:
         if p not in PEERS:
             raise ValueError(f"unknown peer {p!r}; known: {', '.join(PEERS)}")
-    context = 0 if args.context is None else args.context
-    if context < 0:
-        raise ValueError(f"--context must be at least 0, not {context}")
+    (context,) = contexts(args.context, 0)
     database = int8_database(args)
     check_out_dir(args.out)
     quiet = (lambda msg: None) if args.quiet else log
