@@ -130,13 +130,15 @@ def run(args) -> int:
         check_config(args.config, args.layers or 1, context + args.tokens)
     check_out_dir(args.out)
     quiet = (lambda msg: None) if args.quiet else log
+    prepared = _prepare_llama(args, quiet) if peers else None  # built and written once, for every context
+    database, target = int8_database(args), target_of(args)
     rows, tables = [], []
     for context in past:  # one run per context, its peer's rounds among ours
-        peer, record = _llama_peer(args, context, quiet) if peers else (None, None)
+        peer, record = _llama_peer(prepared, args, context, quiet) if peers else (None, None)
         got = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                               context=context, threads=args.threads, seed=args.seed,
-                              database=int8_database(args), tune_trials=args.tune if not rows else None,
-                              rounds=args.rounds, peer=peer, log=quiet, target=target_of(args), kv_dtypes=kv)
+                              database=database, tune_trials=args.tune if not rows else None,
+                              rounds=args.rounds, peer=peer, log=quiet, target=target, kv_dtypes=kv)
         if record is not None:  # the peer's rows, filled round by round, are the record's rows
             for r in got:
                 r["peers"] = [record]
@@ -149,14 +151,20 @@ def run(args) -> int:
     return 0
 
 
-def _llama_peer(args, context: int, log):
-    """(a call timing llama-bench's decode after ``context`` positions, same threads, returning its tok/s;
-    the record that collects its rows) for the same model shape as our rows (--config, --layers)."""
+def _prepare_llama(args, log) -> dict:
+    """llama-bench and the Q4_0 GGUF of the same model shape as our rows (--config, --layers)."""
     from tvm_ext.bench.phi2 import llama_cpp as lc
-    from tvm_ext.targets import physical_cores
     from tvm_ext.workloads.phi2.model import DEFAULT_LAYERS
 
-    prepared = lc.prepare_peer(log=log, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
+    return lc.prepare_peer(log=log, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
+
+
+def _llama_peer(prepared: dict, args, context: int, log):
+    """(a call timing llama-bench's decode after ``context`` positions, same threads, returning its tok/s;
+    the record that collects its rows)."""
+    from tvm_ext.bench.phi2 import llama_cpp as lc
+    from tvm_ext.targets import physical_cores
+
     work = dict(prompts=(), threads=args.threads or physical_cores(), repetitions=1, decode=(args.tokens, context))
     peer_rows = []
 

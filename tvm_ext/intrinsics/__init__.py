@@ -56,7 +56,7 @@ def register_once(name: str, make: Callable[[], tuple]) -> str:
 def makers() -> dict[str, Callable[[], object]]:
     """Name -> the call that registers it, for every intrinsic of ours with a fixed set of shapes
     (VNNI, AMX, the q4 x int8 tiles; names only, nothing is parsed). The q4 GEMV's are made per
-    shape: ``q4_gemv.register_named``."""
+    shape, from what their names encode (``tune.database.register_record_intrinsics``)."""
     # pylint: disable=import-outside-toplevel
     from tvm_ext.intrinsics import amx, q4_amx, q4_vnni, vnni
 

@@ -344,10 +344,9 @@ def register_record_intrinsics(*record_paths: str) -> None:
     missing = [n for n in record_intrinsics(*record_paths) if TensorIntrin.get(n, allow_missing=True) is None]
     ours = makers() if missing else {}
     for n in missing:
-        found = _Q4_GEMV.match(n)
         if n in ours:
             ours[n]()
-        elif found:  # the q4 GEMV's intrinsics are made per shape; the name encodes it
+        elif found := _Q4_GEMV.match(n):  # the q4 GEMV's intrinsics are made per shape; the name encodes it
             x, c, rows, k, scale, index, lanes = found.groups()
             register_q4_gemv(int(x), int(c), int(rows), int(k), scale, index, int(lanes))
     if any(TensorIntrin.get(n, allow_missing=True) is None for n in missing):
