@@ -51,6 +51,11 @@ setup(
         # machines (an unpinned torch pulls a multi-GB CUDA build); transformers 4.48+ has PhiForCausalLM as
         # Phi-2 ships it (config.json's partial_rotary_factor; 5.x writes rope_parameters, both read)
         "reference": ["torch==2.13.0", "transformers>=4.48", "safetensors", "tokenizers", "gguf"],
+        # generate --prompt N --peers openvino: OpenVINO's int4 LLM path, the model exported by optimum-intel with
+        # NNCF's int4 compression (bench/phi2/openvino_llm.py). optimum-intel needs torch and torchvision: no pin,
+        # pip takes the newest pair (a CUDA build of torch, several GB). Not beside [reference]'s torch==2.13.0 CPU
+        # pin: PyPI's torchvision is built against PyPI's torch and fails to import beside that file
+        "openvino-llm": ["openvino", "optimum-intel[openvino]", "nncf"],
         # tvm-ext report DIR|FILE.json --html/--png: figures drawn with matplotlib (Agg, no display)
         "report": ["matplotlib"],
     },

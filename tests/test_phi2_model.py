@@ -100,18 +100,32 @@ def test_decode_e2e_dict():
     assert {"qkv", "fc2", "embed"} <= {k["label"] for k in doc["kernels"]}
 
 
-def test_rounds_interleave_the_rows_and_a_peer():
-    """Each round times every row, then the peer; a row's share of the bound is in each round's own
-    bound, its ratio to the peer the median of the rounds' ratios."""
+def test_rounds_interleave_the_rows_and_the_peers():
+    """Each round times every row, then each peer; a row's share of the bound is in each round's own
+    bound, its ratio to each peer the median of the rounds' ratios; the table names both peers' ratios."""
+    from tvm_ext.cli.generate import format_table
+
     calls = []
+    peers = {"llama.cpp": lambda: calls.append("llama.cpp") or 50.0, "openvino": lambda: calls.append("ov") or 25.0}
     rows = phi2_e2e.decode_e2e_rows(("none", "rule"), "reduced", layers=1, tokens=2, context=4, rounds=3,
-                                    log=lambda m: None, bandwidth_mb=64, peer=lambda: calls.append(1) or 50.0)
-    assert len(calls) == 3 and rows[0]["peer_tok_s_rounds"] == [50.0] * 3
+                                    log=lambda m: None, bandwidth_mb=64, peer=peers)
+    assert calls == ["llama.cpp", "ov"] * 3 and rows[0]["peers_tok_s_rounds"]["openvino"] == [25.0] * 3
+    assert rows[0]["peer_tok_s_rounds"] == [50.0] * 3  # the first peer's, as with one
     for r in rows:
         assert len(r["tok_s_rounds"]) == 3 == len(r["bound_tok_s_rounds"])
         assert r["of_bound"] == pytest.approx(float(np.median(
             [t / b for t, b in zip(r["tok_s_rounds"], r["bound_tok_s_rounds"])])))
-        assert r["vs_peer"] == pytest.approx(float(np.median(r["tok_s_rounds"])) / 50.0)
+        median = float(np.median(r["tok_s_rounds"]))
+        assert r["vs_peers"] == pytest.approx({"llama.cpp": median / 50.0, "openvino": median / 25.0})
+        assert r["vs_peer"] == r["vs_peers"]["llama.cpp"]
+        r["peers"] = [{"peer": "llama.cpp", "commit": "0c1e57098", "rows": [{"tok_s": 50.0}] * 3},
+                      {"peer": "openvino", "commit": "2026.4.1-1", "versions": {"openvino": "2026.4.1"},
+                       "summary": "KV cache u8", "rows": [{"tok_s": 25.0}] * 3}]
+    table = format_table(rows).splitlines()
+    ov_line = next(ln for ln in table if ln.startswith("openvino (int4, OpenVINO 2026.4.1"))
+    assert f"rule {rows[1]['vs_peers']['openvino']:.2f}x" in ov_line and ov_line.endswith("; KV cache u8")
+    assert any(ln.startswith("llama.cpp (Q4_0, commit 0c1e570") and f"rule {rows[1]['vs_peer']:.2f}x" in ln
+               for ln in table)
 
 
 @pytest.mark.parametrize("argv, message", [

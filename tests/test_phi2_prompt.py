@@ -85,7 +85,7 @@ def test_cli_generate_prompt_json(tmp_path, capsys):
     assert main(["generate", "--config", "reduced", "--layers", "1", "--prompt", "8", "--tokens", "2",
                  "--schedule", "int8", "--out", str(out), "--quiet"]) == 0
     table = capsys.readouterr().out
-    assert "prompt tok/s" in table and "first token = float path's" in table and "vpdpbusd peak" in table
+    assert "prompt tok/s" in table and "first token = float path's" in table and "host int8 peak (vpdpbusd" in table
     doc = json.loads(out.read_text())
     row = doc["rows"][0]
     assert doc["prompt"] == 8 and doc["context"] == 0 and row["schedule"] == "int8"
@@ -246,3 +246,32 @@ def test_bench_phi2_prefill_on_cpu_is_the_int8_prefill(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["prompt"] == 128 and [r["schedule"] for r in doc["rows"]][0] == "int8"
     assert "float-kernel table" in doc["note"] and doc["rows"][0]["vs_float"]["first_token_same"]
+
+
+@pytest.mark.parametrize("form, mcpu, instructions", [("avx2", "znver3", ("vpmaddubsw", "vpmaddwd")),
+                                                       ("avx512vnni", "znver5", ("vpdpbusd",))])
+def test_the_int8_peak_loop_runs_the_gemms_instructions_for_every_chain(form, mcpu, instructions):
+    """The peak's loop body is the GEMM's product step for each chain (nothing hoisted or merged): per chain
+    two products of distinct weight bytes, as the tile intrinsic computes them."""
+    import re
+
+    from tvm_ext.bench.phi2.prompt import peak_func
+
+    chains = 3
+    lib = tvm.compile(tvm.IRModule({"main": peak_func(1, form, chains, steps=1000)}),
+                      target=tvm.target.Target({"kind": "llvm", "mcpu": mcpu}))
+    asm = lib.mod.inspect_source("asm")
+    counts = [len(re.findall(rf"\b{ins}\b", asm)) for ins in instructions]
+    # LLVM unrolls the steps: a whole number of steps, each 2 products (maddubs or vpdpbusd) per chain
+    assert counts[0] > 0 and counts[0] % (2 * chains) == 0, counts
+    if form == "avx2":  # one vpmaddwd sums each chain's two vpmaddubsw
+        assert 2 * counts[1] == counts[0], counts
+
+
+def test_the_int8_peak_runs_on_this_host():
+    from tvm_ext.bench.phi2.prompt import int8_peak
+
+    form = form_for(resolve_target("llvm"))
+    if form is None:
+        pytest.skip("no AVX2 on this host")
+    assert int8_peak(1, form, chains=2, steps=1000) > 0

@@ -223,6 +223,19 @@ def test_committed_generate_json_draws_its_rounds_and_kernels_against_the_bound(
         assert bar.get_width() == pytest.approx(tuned[label]["ms"])
 
 
+def test_a_run_over_several_contexts_draws_each_context_with_both_peers():
+    path = LOGS / "generate-peers-phi2-znver3-llvm.json"
+    doc = json.loads(path.read_text())
+    figures = _by_name(result_page(str(path)))
+    for row in doc:  # one row (int8, float16 cache) per context, llama.cpp and OpenVINO after it in each round
+        lines = figures[f"rounds-context{row['context']}"].figure.axes[0].get_lines()
+        assert lines[0].get_ydata().tolist() == pytest.approx(row["tok_s_rounds"])
+        for line, peer in zip(lines[1:3], ("llama.cpp", "openvino")):
+            assert line.get_label() == f"{peer} (peer)"
+            assert line.get_ydata().tolist() == pytest.approx(row["peers_tok_s_rounds"][peer])
+        assert f"kernels-context{row['context']}" in figures
+
+
 def test_committed_prompt_json_draws_gemms_against_the_vpdpbusd_peak():
     path = LOGS / "generate-prompt128-phi2-znver5-llvm.json"
     doc = json.loads(path.read_text())

@@ -60,7 +60,11 @@ def add_parser(sub) -> None:
     p.add_argument("--peers", default="", metavar="LIST",
                    help="comma-separated peers measured in the same run, same threads, after our rows. "
                         "Without --prompt: llama.cpp (llama-bench's decode of TOKENS after CONTEXT cached "
-                        "positions). With --prompt: llama.cpp (its prompt processing) and ort (ONNX Runtime's "
+                        "positions) and openvino (OpenVINO's int4 LLM path, below: the same decode). With --prompt: "
+                        "llama.cpp (its prompt processing), openvino (OpenVINO's int4 LLM path: the same shapes "
+                        "exported with optimum-intel, NNCF int4 symmetric group 32, run in a process of its own; the "
+                        "[openvino-llm] extra, exported once to ~/.cache/tvm_ext/openvino or "
+                        "$TVM_EXT_OPENVINO_CACHE) and ort (ONNX Runtime's "
                         "MatMulNBits, accuracy_level 4, on each projection's shape beside our GEMMs). "
                         "llama-bench is built from the llama-cpp-python sdist on first use (~6 minutes on 2 "
                         "cores, cached in ~/.cache/tvm_ext/llama_cpp or $TVM_EXT_LLAMA_CPP_CACHE) and runs a "
@@ -119,9 +123,14 @@ def run(args) -> int:
         raise ValueError("--build-only is for a GPU --target (cuda): on this CPU generate just runs")
     if args.prompt:
         return run_prompt(args)
-    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    if any(p != "llama.cpp" for p in peers):
-        raise ValueError(f"without --prompt, --peers takes llama.cpp (its decode), not {args.peers!r}")
+    peers = list(dict.fromkeys(p.strip() for p in args.peers.split(",") if p.strip()))
+    if any(p not in DECODE_PEERS for p in peers):
+        raise ValueError(f"without --prompt, --peers takes {' and '.join(DECODE_PEERS)} (their decode), "
+                         f"not {args.peers!r}")
+    if "openvino" in peers:
+        from tvm_ext.bench.phi2.openvino_llm import check_installed
+
+        check_installed()
     schedules = check_schedules(args.schedule or ("tuned" if args.tune else "dlight"))
     if args.tune and "tuned" not in schedules:
         raise ValueError("--tune fills the database of --schedule tuned: add tuned to --schedule")
@@ -130,18 +139,19 @@ def run(args) -> int:
         check_config(args.config, args.layers or 1, context + args.tokens)
     check_out_dir(args.out)
     quiet = (lambda msg: None) if args.quiet else log
-    prepared = _prepare_llama(args, quiet) if peers else None  # built and written once, for every context
+    prepared = {p: _prepare(p, args, quiet) for p in peers}  # built, written or exported once, for every context
     database, target = int8_database(args), target_of(args)
     rows, tables = [], []
-    for context in past:  # one run per context, its peer's rounds among ours
-        peer, record = _llama_peer(prepared, args, context, quiet) if peers else (None, None)
+    for context in past:  # one run per context, its peers' rounds among ours
+        timed = {p: _decode_peer(p, prepared[p], args, context, quiet) for p in peers}
         got = decode_e2e_rows(schedules, config=args.config, layers=args.layers, tokens=args.tokens,
                               context=context, threads=args.threads, seed=args.seed,
                               database=database, tune_trials=args.tune if not rows else None,
-                              rounds=args.rounds, peer=peer, log=quiet, target=target, kv_dtypes=kv)
-        if record is not None:  # the peer's rows, filled round by round, are the record's rows
+                              rounds=args.rounds, peer={p: call for p, (call, _) in timed.items()} or None,
+                              log=quiet, target=target, kv_dtypes=kv)
+        if timed:  # the peers' rows, filled round by round, are their records' rows
             for r in got:
-                r["peers"] = [record]
+                r["peers"] = [record for _, record in timed.values()]
         rows += got
         tables.append(format_table(got))
     doc = rows[0] if len(rows) == 1 else rows
@@ -151,22 +161,38 @@ def run(args) -> int:
     return 0
 
 
-def _prepare_llama(args, log) -> dict:
-    """llama-bench and the Q4_0 GGUF of the same model shape as our rows (--config, --layers)."""
-    from tvm_ext.bench.phi2 import llama_cpp as lc
+DECODE_PEERS = ("llama.cpp", "openvino")
+
+
+def _prepare(name: str, args, log) -> dict:
+    """A peer of the same model shape as our rows (--config, --layers): llama-bench and the Q4_0 GGUF, or
+    OpenVINO's int4 export."""
+    from tvm_ext.bench.phi2 import llama_cpp, openvino_llm
     from tvm_ext.workloads.phi2.model import DEFAULT_LAYERS
 
-    return lc.prepare_peer(log=log, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
+    module = {"llama.cpp": llama_cpp, "openvino": openvino_llm}[name]
+    return module.prepare_peer(log=log, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
 
 
-def _llama_peer(prepared: dict, args, context: int, log):
-    """(a call timing llama-bench's decode after ``context`` positions, same threads, returning its tok/s;
-    the record that collects its rows)."""
+def _decode_peer(name: str, prepared: dict, args, context: int, log):
+    """(a call timing the peer's decode of --tokens after ``context`` positions, same threads, returning its
+    tok/s; the record that collects its rows)."""
     from tvm_ext.bench.phi2 import llama_cpp as lc
+    from tvm_ext.bench.phi2 import openvino_llm as ovl
     from tvm_ext.targets import physical_cores
 
     work = dict(prompts=(), threads=args.threads or physical_cores(), repetitions=1, decode=(args.tokens, context))
     peer_rows = []
+    if name == "openvino":
+        command = f"{ovl.WORKER.name} run --decode {args.tokens},{context} --threads {work['threads']}"
+        record = ovl.peer_record(prepared, peer_rows, command)
+
+        def peer():
+            peer_rows.extend(ovl.run_peer(prepared, log=log, **work))
+            record.update(ovl.peer_record(prepared, peer_rows, command))  # with what the run read off OpenVINO
+            return peer_rows[-1]["tok_s"]
+
+        return peer, record
 
     def peer():
         peer_rows.extend(lc.run_llama_bench(prepared["bench"], prepared["gguf"], log=log, **work))
@@ -270,10 +296,14 @@ def format_table(rows) -> str:
     lines = [head, table]
     for peer in d.get("peers", []):
         rates = [p["tok_s"] for p in peer["rows"]]
-        lines.append(f"{peer['peer']} (Q4_0, commit {peer['commit'][:7]}, once per round after our rows): "
+        what = (f"Q4_0, commit {peer['commit'][:7]}" if peer["peer"] == "llama.cpp"
+                else f"int4, OpenVINO {peer.get('versions', {}).get('openvino', '?')}")
+        ratio = lambda r: r.get("vs_peers", {}).get(peer["peer"], r.get("vs_peer"))  # noqa: E731
+        lines.append(f"{peer['peer']} ({what}, once per round after our rows): "
                      f"{float(np.median(rates)):.2f} tok/s after {d['context']} positions (rounds: "
                      + " ".join(f"{t:.1f}" for t in rates) + "); each row's median ratio to it in the same round: "
-                     + ", ".join(f"{name(r)} {r['vs_peer']:.2f}x" for r in rows if "vs_peer" in r))
+                     + ", ".join(f"{name(r)} {ratio(r):.2f}x" for r in rows if ratio(r) is not None)
+                     + (f"; {peer['summary']}" if peer.get("summary") else ""))
     for r in rows:
         for other, cmp in r.get("vs_float", {}).items():
             lines.append(f"{name(r)} vs {other}: {100 * cmp['same_tokens']:.0f}% same tokens, first-step "

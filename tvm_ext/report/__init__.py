@@ -68,7 +68,7 @@ def result_page(path: str) -> Page:
     first = doc[0] if isinstance(doc, list) else doc
     facts = [("result", f"{os.path.basename(path)} ({kind})"), ("machine", R.machine(doc))]
     for key in ("workload", "target", "threads", "rounds", "warm_runs", "trials_per_task", "trials_per_kernel",
-                "context", "prompt", "tokens", "bandwidth_gbs", "vnni_peak_tops"):
+                "context", "prompt", "tokens", "bandwidth_gbs", "vnni_peak_tops", "int8_peak_form", "int8_peak_tops"):
         if first.get(key) is not None and not isinstance(first[key], (dict, list)):
             facts.append((key.replace("_", " "), _fact(first[key])))
     return Page(f"{kind}: {os.path.basename(path)}", facts, result_figures(doc, kind))

@@ -215,25 +215,37 @@ def phi2_figures(doc) -> list:
 
 
 def decode_figures(doc) -> list:
+    """A decode result's figures; one set per context where it holds several (``generate --context A,B``)."""
+    groups = R.by_context(doc)
+    if len(groups) == 1:
+        return _decode_figures(groups[0])
+    out = []
+    for rows in groups:
+        for d in _decode_figures(rows):
+            out.append(Drawn(f"{d.name}-context{rows[0]['context']}", f"{d.title} (context {rows[0]['context']})",
+                             d.caption, d.figure))
+    return out
+
+
+def _decode_figures(doc) -> list:
     rounds = R.decode_rounds(doc)
-    peer_names = [rounds["peer"][0]] if rounds["peer"] else []
+    peer_names = [name for name, _ in rounds["peers"]]
     colors = _colors(list(rounds["rows"]) + peer_names, peer_names)
     fig = new_figure(9, 3.6)
     ax = fig.subplots()
     for name, values in rounds["rows"].items():
         ax.plot(range(1, len(values) + 1), values, marker="o", color=colors[name], label=f"tvm_ext {name}")
-    if rounds["peer"]:
-        name, values = rounds["peer"]
+    for name, values in rounds["peers"]:
         ax.plot(range(1, len(values) + 1), values, marker="s", color=colors[name], label=f"{name} (peer)")
     ax.plot(range(1, len(rounds["bound"]) + 1), rounds["bound"], linestyle="--", color=BOUND,
             label="bound: bytes a token at the round's copy bandwidth")
-    ax.set_xlabel("round (the rows and the peer interleaved in each)")
+    ax.set_xlabel("round (the rows and the peers interleaved in each)")
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
     outside_legend(ax)
     ax.grid(alpha=0.3)
     first = doc[0] if isinstance(doc, list) else doc
-    out = [Drawn("rounds", "Decode speed per round, ours beside the peer and the bound",
+    out = [Drawn("rounds", "Decode speed per round, ours beside the peers and the bound",
                  f"Phi-2 decode, {first['layers']} layers, {first['tokens']} tokens after {first['context']} past "
                  f"positions, {first['threads']} threads, {first['device']}.", fig)]
     labels, kernels = R.decode_kernels(doc)
@@ -255,48 +267,51 @@ def decode_figures(doc) -> list:
 
 def prompt_figures(doc) -> list:
     rates = R.prompt_rates(doc)
-    peer_names = [rates["peer"][0]] if rates["peer"] else []
+    peer_names = [name for name, _ in rates["peers"]]
     names = list(rates["rows"]) + peer_names
     colors = _colors(names, peer_names)
     fig = new_figure(7, 3.4)
     ax = fig.subplots()
-    for i, name in enumerate(rates["rows"]):
-        _spread(ax, i, rates["rows"][name], colors[name])
-    if rates["peer"]:
-        _spread(ax, len(rates["rows"]), rates["peer"][1], colors[peer_names[0]])
+    for i, (name, values) in enumerate(list(rates["rows"].items()) + rates["peers"]):
+        _spread(ax, i, values, colors[name])
     ax.set_xticks(range(len(names)), [f"{n}\n({'peer' if n in peer_names else 'tvm_ext'})" for n in names])
     ax.set_ylabel("prompt tokens / s")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3, axis="y")
-    out = [Drawn("prompt", "Prompt processing, ours beside the peer",
+    out = [Drawn("prompt", "Prompt processing, ours beside the peers",
                  f"Phi-2, a {doc['prompt']}-token prompt through {doc['layers']} layers, {doc['threads']} threads: "
-                 "each dot one repeat (ours) or one sample (the peer), black: the median.", fig)]
+                 "each dot one repeat (ours) or one sample (a peer), black: the median.", fig)]
     gemms, tops, peak = R.prompt_gemms(doc)
     vs_ort = R.prompt_vs_ort(doc)
+    what = R.peak_instructions(doc)
     if gemms:
-        fig = new_figure(10, 3.4)
-        ax1, ax2 = fig.subplots(1, 2)
+        fig = new_figure(10 if vs_ort else 5.5, 3.4)
+        axes = fig.subplots(1, 2) if vs_ort else [fig.subplots()]
+        ax1 = axes[0]
         width = 0.8 / len(tops)
         for j, (s, values) in enumerate(tops.items()):
             ax1.bar([i - 0.4 + width * (j + 0.5) for i in range(len(gemms))], [v or 0 for v in values], width=width,
                     color=colors[s], label=s)
         if peak:
-            ax1.axhline(peak, linestyle="--", color=BOUND, label=f"vpdpbusd peak {peak:.2f} TOPS")
+            ax1.axhline(peak, linestyle="--", color=BOUND, label=f"{what} peak {peak:.2f} TOPS")
         ax1.set_xticks(range(len(gemms)), [short(g, 18) for g in gemms], fontsize=7, rotation=15)
         ax1.set_ylabel("int8 TOPS")
         ax1.legend(fontsize=7)
-        for j, (s, ratios) in enumerate(vs_ort.items()):
-            ax2.bar([i - 0.4 + 0.8 / len(vs_ort) * (j + 0.5) for i in range(len(ratios))], list(ratios.values()),
-                    width=0.8 / len(vs_ort), color=colors[s], label=s)
+        caption = (f"Each q4 x int8 GEMM's int8 TOPS against the host's {what} peak measured in the same run "
+                   "(registers only).")
         if vs_ort:
+            ax2 = axes[1]
+            for j, (s, ratios) in enumerate(vs_ort.items()):
+                ax2.bar([i - 0.4 + 0.8 / len(vs_ort) * (j + 0.5) for i in range(len(ratios))],
+                        list(ratios.values()), width=0.8 / len(vs_ort), color=colors[s], label=s)
             ax2.set_xticks(range(len(next(iter(vs_ort.values())))), list(next(iter(vs_ort.values()))))
-        ax2.axhline(1.0, linestyle="--", color=PEER, label="ONNX Runtime MatMulNBits (acc 4)")
-        ax2.set_ylabel("our GEMM time / ORT's")
-        ax2.legend(fontsize=7)
-        for ax in (ax1, ax2):
+            ax2.axhline(1.0, linestyle="--", color=PEER, label="ONNX Runtime MatMulNBits (acc 4)")
+            ax2.set_ylabel("our GEMM time / ORT's")
+            ax2.legend(fontsize=7)
+            caption = ("Left: " + caption[0].lower() + caption[1:] + " Right: each projection's GEMM time over "
+                       "ONNX Runtime's MatMulNBits on the same shape (below 1: ours is faster).")
+        for ax in axes:
             ax.grid(alpha=0.3, axis="y")
-        out.append(Drawn("gemms", "The prompt's GEMMs against the vpdpbusd peak and ONNX Runtime",
-                         "Left: each q4 x int8 GEMM's int8 TOPS against the host's vpdpbusd peak measured in the "
-                         "same run (registers only). Right: each projection's GEMM time over ONNX Runtime's "
-                         "MatMulNBits on the same shape (below 1: ours is faster).", fig))
+        out.append(Drawn("gemms", f"The prompt's GEMMs against the {what} peak"
+                         + (" and ONNX Runtime" if vs_ort else ""), caption, fig))
     return out

@@ -109,16 +109,28 @@ def phi2_projections(doc) -> dict:
     return out
 
 
+def _row_names(rows) -> list:
+    """Each decode row's name: its schedule, with its KV cache where the rows hold several."""
+    several = len({r.get("kv_cache", "float32") for r in rows}) > 1
+    return [f"{r['schedule']} kv {r.get('kv_cache', 'float32')}" if several else r["schedule"] for r in rows]
+
+
+def by_context(doc) -> list:
+    """generate: the rows of each context in the order they ran (``generate --context A,B`` writes one list)."""
+    rows = doc if isinstance(doc, list) else [doc]
+    contexts = list(dict.fromkeys(r["context"] for r in rows))
+    return [[r for r in rows if r["context"] == c] for c in contexts]
+
+
 def decode_rounds(doc) -> dict:
-    """generate: {rows: {schedule: tok/s per round}, peer: (name, tok/s per round) or None, bound: per round}."""
+    """generate: {rows: {schedule: tok/s per round}, peers: [(name, tok/s per round)], bound: per round}."""
     rows = doc if isinstance(doc, list) else [doc]
     first = rows[0]
-    peers = first.get("peers") or []
-    peer_rounds = first.get("peer_tok_s_rounds")
-    peer = None
-    if peer_rounds:
-        peer = (peers[0]["peer"] if peers else "peer", peer_rounds)
-    return {"rows": {r["schedule"]: r.get("tok_s_rounds") or [r["tok_s"]] for r in rows}, "peer": peer,
+    peers = first.get("peers_tok_s_rounds")  # by name; results before session 31 hold one peer's rounds
+    if peers is None and first.get("peer_tok_s_rounds"):
+        peers = {(first.get("peers") or [{"peer": "peer"}])[0]["peer"]: first["peer_tok_s_rounds"]}
+    return {"rows": {n: r.get("tok_s_rounds") or [r["tok_s"]] for n, r in zip(_row_names(rows), rows)},
+            "peers": list((peers or {}).items()),
             "bound": first.get("bound_tok_s_rounds") or [first["bound_tok_s"]]}
 
 
@@ -128,29 +140,37 @@ def decode_kernels(doc) -> tuple[list, dict]:
     labels = [k["label"] for k in rows[-1].get("kernels", [])]
     for r in rows:
         labels += [k["label"] for k in r.get("kernels", []) if k["label"] not in labels]
-    return labels, {r["schedule"]: {k["label"]: (k["ms"], k.get("bound_ms")) for k in r.get("kernels", [])}
-                    for r in rows}
+    return labels, {n: {k["label"]: (k["ms"], k.get("bound_ms")) for k in r.get("kernels", [])}
+                    for n, r in zip(_row_names(rows), rows)}
 
 
 def prompt_rates(doc) -> dict:
-    """generate-prompt: {rows: {schedule: prompt tok/s per repeat}, peer: (name, tok/s samples) or None}."""
+    """generate-prompt: {rows: {schedule: prompt tok/s per repeat}, peers: [(name, tok/s samples)]}."""
     rates = {r["schedule"]: [doc["prompt"] / s for s in r["prefill_s_all"]] for r in doc["rows"]}
-    peer = None
+    peers = []
     for p in doc.get("peers", []):
         samples = [s for row in p.get("rows", []) if row.get("n_prompt") == doc["prompt"]
                    for s in (row.get("tok_s_samples") or [row["tok_s"]])]
         if samples:
-            peer = (p["peer"], samples)
-    return {"rows": rates, "peer": peer}
+            peers.append((p["peer"], samples))
+    return {"rows": rates, "peers": peers}
 
 
 def prompt_gemms(doc) -> tuple[list, dict, float | None]:
-    """generate-prompt: (GEMM names, {schedule: [int8 TOPS per GEMM]}, the host's vpdpbusd peak or None)."""
+    """generate-prompt: (GEMM names, {schedule: [int8 TOPS per GEMM]}, the host's int8 peak or None)."""
     names = []
     for r in doc["rows"]:
         names += [n for n in r.get("gemm_tops", {}) if n not in names]
     tops = {r["schedule"]: [r.get("gemm_tops", {}).get(n) for n in names] for r in doc["rows"]}
-    return names, tops, doc.get("vnni_peak_tops")
+    return names, tops, doc.get("int8_peak_tops", doc.get("vnni_peak_tops"))
+
+
+PEAK_INSTRUCTIONS = {"avx512vnni": "vpdpbusd", "avxvnni": "vpdpbusd on 256 bits", "avx2": "vpmaddubsw + vpmaddwd"}
+
+
+def peak_instructions(doc) -> str:
+    """The instructions of the prompt result's int8 peak (results before session 31: vpdpbusd)."""
+    return PEAK_INSTRUCTIONS[doc.get("int8_peak_form") or "avx512vnni"]
 
 
 def prompt_vs_ort(doc) -> dict:

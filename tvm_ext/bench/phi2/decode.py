@@ -71,7 +71,8 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
     ``tokens`` tokens once per round, the rows interleaved; its tok/s is the median round's, its
     ``of_bound`` the median of its rounds' tok/s over that round's bound (the copy bandwidth measured
     just before and after it).  ``peer``: a callable timed once per round after the rows, returning
-    its tok/s (llama.cpp's decode); each row's ``vs_peer`` is the median of the rounds' ratios.
+    its tok/s (llama.cpp's decode), or {name: such a callable} for several; each row's ``vs_peers``
+    {name: ratio} holds the median of the rounds' ratios to each, ``vs_peer`` the first's.
     ``kv_dtypes``: the KV cache's storage (``kv_cache.KV_DTYPES``), a row for each schedule and each of them
     (``kv_cache`` in the row), the same weights and past; a row whose cache is not float32 says how its
     decode differs from the float32 cache's row of its schedule (``_compare_caches``)."""
@@ -135,14 +136,15 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
             weights = weights or dec
             decs.append(((how, kv), dec))
     runs, steps = {key: [] for key, _ in decs}, {key: [] for key, _ in decs}
-    edges, peer_s = [bandwidth()], []  # the copy bandwidth between rounds; the peer's tok/s in each
+    peers = peer if isinstance(peer, dict) else ({"peer": peer} if peer is not None else {})
+    edges, peer_s = [bandwidth()], {name: [] for name in peers}  # the copy bandwidth between rounds; peers' tok/s
     for rnd in range(rounds):  # rows interleaved round by round: a shared host's bandwidth drifts by the minute
         for key, dec in decs:
             log(f"round {rnd + 1}/{rounds}: {key[0]}, {key[1]} KV cache")
             runs[key].append(_timed_decode(dec, tokens, context, seed, log))
             steps[key].append(_instrumented_step(dec, runs[key][-1][1], context))
-        if peer is not None:
-            peer_s.append(peer())
+        for name, call in peers.items():
+            peer_s[name].append(call())
         edges.append(bandwidth())
     samples += edges
     # each round's bound: the fastest copy just before and after it (a loaded machine only makes a copy
@@ -164,7 +166,9 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
                "kernels": _kernel_rows(dec, steps[how, kv], round_gbs), "rules": dec.rules, "generated": ids,
                "logits": logits}
         if peer_s:
-            row["vs_peer"] = float(np.median([t / p for t, p in zip(tok_s, peer_s)]))
+            row["vs_peers"] = {name: float(np.median([t / p for t, p in zip(tok_s, rates)]))
+                               for name, rates in peer_s.items()}
+            row["vs_peer"] = next(iter(row["vs_peers"].values()))
         rows.append(row)
     del decs
     common = {
@@ -175,7 +179,8 @@ def decode_e2e_rows(schedules, config="full", layers=None, tokens=16, context=51
         "device": f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})",
     }
     if peer_s:
-        common["peer_tok_s_rounds"] = peer_s
+        common["peers_tok_s_rounds"] = peer_s
+        common["peer_tok_s_rounds"] = next(iter(peer_s.values()))
     rows = [dict(common, **r) for r in rows]
     _compare_int8(rows)
     _compare_caches(rows)

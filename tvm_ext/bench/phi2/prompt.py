@@ -14,8 +14,9 @@ MetaSchedule's rules for attention and the rest).  A float reference runs the sa
 token through the float decode step (``rule``): the first token after the prompt and the tokens
 after it are compared with each row's.
 
-``vnni_peak`` measures the host's ``vpdpbusd`` rate: independent accumulator chains, all threads,
-no memory traffic (the ceiling a GEMM's int8 work can reach).
+``int8_peak`` measures the host's rate of the GEMM's product step (``vpdpbusd``, or AVX2's
+``vpmaddubsw`` and ``vpmaddwd``): independent accumulator chains, all threads, no memory traffic (the
+ceiling a GEMM's int8 work can reach).
 """
 from __future__ import annotations
 
@@ -30,37 +31,52 @@ from tvm_ext.rulesets import check_schedules
 PROMPT_FUNCS = ("embed_prompt", "prefill", "head_prompt")
 
 
-def vnni_peak(threads: int, chains: int = 24, steps: int = 200_000) -> float:
+def int8_peak(threads: int, form: str = "avx512vnni", chains: int = 24, steps: int = 200_000) -> float:
     """int8 ops per second (2 per multiply-add) of ``threads`` threads each running ``chains``
-    independent 512-bit ``vpdpbusd`` chains (registers only)."""
+    independent chains of the q4 x int8 GEMM's product step in ``form`` (``q4_vnni.FORMS``: two
+    ``vpdpbusd``, or on AVX2 two ``vpmaddubsw`` summed, then ``vpmaddwd``; registers only): the ceiling
+    the GEMM's int8 work can reach with its instructions.  Each step reads its accumulator's bytes as one
+    operand, so no step can be hoisted out of the loop."""
     import tvm
-    from tvm.script import tirx as T
 
-    from tvm_ext.intrinsics.vnni import vpdpbusd
-
-    dot = vpdpbusd(16)
-
-    @T.prim_func
-    def peak(out: T.Buffer((threads, chains, 16), "int32"), w: T.Buffer((64,), "int8")):
-        T.func_attr({"tirx.noalias": True})
-        for t in T.parallel(threads):
-            acc = T.decl_buffer((chains, 16), "int32")
-            for c in T.unroll(chains):
-                acc[c, T.ramp(0, 1, 16)] = T.broadcast(0, 16)
-            for _ in range(steps):
-                for c in T.unroll(chains):
-                    acc[c, T.ramp(0, 1, 16)] = dot(acc[c, T.ramp(0, 1, 16)], w[T.ramp(0, 1, 64)], w[T.ramp(0, 1, 64)])
-            for c in T.unroll(chains):
-                out[t, c, T.ramp(0, 1, 16)] = acc[c, T.ramp(0, 1, 16)]
-
+    from tvm_ext.intrinsics.q4_vnni import FORMS
     from tvm_ext.targets import resolve_target
 
-    lib = tvm.compile(tvm.IRModule({"main": peak}), target=resolve_target("llvm"))
+    lanes = FORMS[form]
+    lib = tvm.compile(tvm.IRModule({"main": peak_func(threads, form, chains, steps)}), target=resolve_target("llvm"))
     dev = tvm.cpu()
-    a = tvm.runtime.tensor(np.zeros((threads, chains, 16), "int32"), dev)
-    w = tvm.runtime.tensor(np.ones(64, "int8"), dev)
+    a = tvm.runtime.tensor(np.zeros((threads, chains, lanes), "int32"), dev)
+    w = tvm.runtime.tensor(np.ones(8 * lanes, "int8"), dev)
     sec = min(lib.mod.time_evaluator("main", dev, number=3, repeat=5)(a, w).results)
-    return threads * chains * steps * 64 * 2 / sec
+    return threads * chains * steps * lanes * 8 * 2 / sec  # a step: 2 x 4 x lanes multiply-adds
+
+
+def peak_func(threads: int, form: str, chains: int, steps: int):
+    """The PrimFunc ``int8_peak`` times: out (threads, chains, lanes) int32, w (8 * lanes,) int8 (the two
+    parities' weight bytes: distinct operands, so the two products cannot be merged into one)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    from tvm_ext.intrinsics.q4_vnni import FORMS, _product
+
+    lanes, step = FORMS[form], _product(form)
+
+    @T.prim_func
+    def peak(out: T.Buffer((threads, chains, lanes), "int32"), w: T.Buffer((8 * lanes,), "int8")):
+        T.func_attr({"tirx.noalias": True})
+        for t in T.parallel(threads):
+            acc = T.decl_buffer((chains, lanes), "int32")
+            for c in T.unroll(chains):
+                acc[c, T.ramp(0, 1, lanes)] = T.broadcast(c, lanes)
+            for _ in range(steps):
+                for c in T.unroll(chains):
+                    a = tirx.reinterpret(f"int8x{4 * lanes}", acc[c, T.ramp(0, 1, lanes)])
+                    acc[c, T.ramp(0, 1, lanes)] = step(acc[c, T.ramp(0, 1, lanes)], a, w[T.ramp(0, 1, 4 * lanes)],
+                                                       a, w[T.ramp(4 * lanes, 1, 4 * lanes)])
+            for c in T.unroll(chains):
+                out[t, c, T.ramp(0, 1, lanes)] = acc[c, T.ramp(0, 1, lanes)]
+
+    return peak
 
 
 def _gemm_shapes(model) -> dict:
@@ -199,8 +215,9 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     from tvm_ext.intrinsics.q4_vnni import form_for
     from tvm_ext.targets import resolve_target
 
-    # the peak's 512-bit vpdpbusd: only where the GEMM's form is AVX-512 VNNI (not AVX-VNNI, AVX2)
-    out["vnni_peak_tops"] = vnni_peak(threads) / 1e12 if form_for(resolve_target(target)) == "avx512vnni" else None
+    form = form_for(resolve_target(target))  # the GEMM's instructions here, and their peak
+    out["int8_peak_form"], out["int8_peak_tops"] = form, int8_peak(threads, form) / 1e12
+    out["vnni_peak_tops"] = out["int8_peak_tops"] if form == "avx512vnni" else None  # as older results name it
     for r in rows:
         r.pop("first_logits")
     return out
