@@ -205,6 +205,7 @@ def test_bench_command_flash_attn_only_where_supported(tmp_path):
     assert lc.bench_command(old, model, (128, 512), 2, 3)[1:] == \
         ["-m", str(model), "-p", "128,512", "-n", "0", "-t", "2", "-r", "3", "-o", "json"]
     assert lc.bench_command(new, model, (128,), 4, 1)[-2:] == ["-fa", "0"]
+    assert lc.bench_command(new, model, (), 4, 1, decode=(16, 512), flash=(0, 1))[-2:] == ["-fa", "0,1"]
 
 
 def test_decode_command_and_rows(tmp_path):

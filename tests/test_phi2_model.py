@@ -118,14 +118,15 @@ def test_rounds_interleave_the_rows_and_the_peers():
         median = float(np.median(r["tok_s_rounds"]))
         assert r["vs_peers"] == pytest.approx({"llama.cpp": median / 50.0, "openvino": median / 25.0})
         assert r["vs_peer"] == r["vs_peers"]["llama.cpp"]
-        r["peers"] = [{"peer": "llama.cpp", "commit": "0c1e57098", "rows": [{"tok_s": 50.0}] * 3},
+        both = [{"tok_s": 50.0, "flash_attn": 0}, {"tok_s": 40.0, "flash_attn": 1}]  # a round: its best counts
+        r["peers"] = [{"peer": "llama.cpp", "commit": "0c1e57098", "rows": both * 3},
                       {"peer": "openvino", "commit": "2026.4.1-1", "versions": {"openvino": "2026.4.1"},
                        "summary": "KV cache u8", "rows": [{"tok_s": 25.0}] * 3}]
     table = format_table(rows).splitlines()
     ov_line = next(ln for ln in table if ln.startswith("openvino (int4, OpenVINO 2026.4.1"))
     assert f"rule {rows[1]['vs_peers']['openvino']:.2f}x" in ov_line and ov_line.endswith("; KV cache u8")
-    assert any(ln.startswith("llama.cpp (Q4_0, commit 0c1e570") and f"rule {rows[1]['vs_peer']:.2f}x" in ln
-               for ln in table)
+    llama = next(ln for ln in table if ln.startswith("llama.cpp (Q4_0, commit 0c1e570, best of flash attention 0/1"))
+    assert f"rule {rows[1]['vs_peer']:.2f}x" in llama and "50.00 tok/s" in llama and "(rounds: 50.0 50.0 50.0)" in llama
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -313,8 +313,9 @@ def parse_bench_json(text: str, decode: bool = False) -> list:
                                else t.get("n_gen", 0) == 0 and t.get("n_prompt", 0) > 0)]
 
 
-def bench_command(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, decode=None) -> list:
-    """The llama-bench command line; flash attention off where the build has -fa (its default is auto).
+def bench_command(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, decode=None, flash=(0,)) -> list:
+    """The llama-bench command line; flash attention ``flash`` (off, or (0, 1): a row for each, llama-bench
+    runs both) where the build has -fa (its default is auto).
     ``decode`` = (tokens, context): token generation after that many cached positions instead."""
     bench = Path(bench)
     if not bench.is_file():
@@ -331,14 +332,15 @@ def bench_command(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, dec
             else ["-p", ",".join(map(str, prompts)), "-n", "0"])
     cmd = [str(bench), "-m", str(gguf), *work, "-t", str(threads), "-r", str(repetitions), "-o", "json"]
     if re.search(r"-fa\b|--flash-attn", helptext.stdout + helptext.stderr):
-        cmd += ["-fa", "0"]
+        cmd += ["-fa", ",".join(str(int(f)) for f in flash)]
     return cmd
 
 
-def run_llama_bench(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, log=print, decode=None) -> list:
+def run_llama_bench(bench, gguf, prompts=(128, 512), threads=2, repetitions=3, log=print, decode=None,
+                    flash=(0,)) -> list:
     """Prompt-processing tokens/s of llama-bench on gguf, one row per prompt length (``decode``:
-    token-generation tokens/s, see ``bench_command``)."""
-    cmd = bench_command(bench, gguf, prompts, threads, repetitions, decode)
+    token-generation tokens/s; ``flash``: a row per flash-attention setting; see ``bench_command``)."""
+    cmd = bench_command(bench, gguf, prompts, threads, repetitions, decode, flash)
     log("llama.cpp: " + " ".join(cmd))
     out = _run(cmd, "llama-bench").stdout
     rows = parse_bench_json(out, decode=bool(decode))
