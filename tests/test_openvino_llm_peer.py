@@ -23,7 +23,7 @@ def _head_model(ov, tokens_dim=-1):
 def test_last_token_slice_gives_the_last_rows_logits():
     ov = pytest.importorskip("openvino")
     model, w, b = _head_model(ov)
-    worker._last_token_logits(model, ov)
+    worker._last_token_logits(model)
     x = np.random.default_rng(1).standard_normal((1, 5, 8)).astype("float32")
     got = ov.Core().compile_model(model, "CPU")({"x": x})[0]
     assert got.shape == (1, 1, 16)
@@ -36,7 +36,7 @@ def test_a_graph_without_a_matmul_before_its_output_is_refused():
 
     x = ops.parameter([1, 4], np.float32, name="x")
     with pytest.raises(ValueError, match="no MatMul before the logits output"):
-        worker._last_token_logits(ov.Model([ops.result(ops.relu(x))], [x]), ov)
+        worker._last_token_logits(ov.Model([ops.result(ops.relu(x))], [x]))
 
 
 def test_the_peers_shapes_are_our_models():

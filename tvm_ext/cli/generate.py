@@ -168,11 +168,11 @@ DECODE_PEERS = ("llama.cpp", "openvino")
 def _prepare(name: str, args, log) -> dict:
     """A peer of the same model shape as our rows (--config, --layers): llama-bench and the Q4_0 GGUF, or
     OpenVINO's int4 export."""
-    from tvm_ext.bench.phi2 import llama_cpp, openvino_llm
+    from tvm_ext.cli.generate_prompt import peer_module
     from tvm_ext.workloads.phi2.model import DEFAULT_LAYERS
 
-    module = {"llama.cpp": llama_cpp, "openvino": openvino_llm}[name]
-    return module.prepare_peer(log=log, config=args.config, layers=args.layers or DEFAULT_LAYERS[args.config])
+    layers = args.layers or DEFAULT_LAYERS[args.config]
+    return peer_module(name).prepare_peer(log=log, config=args.config, layers=layers)
 
 
 def _decode_peer(name: str, prepared: dict, args, context: int, log):
@@ -299,12 +299,12 @@ def format_table(rows) -> str:
         ["rounds' tok/s"] + [" ".join(f"{t:.1f}" for t in r.get("tok_s_rounds", [])) for r in rows]])
     lines = [head, table]
     for peer in d.get("peers", []):
-        rates = _best_per_round(peer["rows"])
+        rates = d["peers_tok_s_rounds"][peer["peer"]]  # what each round's call returned (llama.cpp: its best)
         flash = sorted({str(r["flash_attn"]) for r in peer["rows"] if r.get("flash_attn") is not None})
         what = (f"Q4_0, commit {peer['commit'][:7]}" + (", best of flash attention " + "/".join(flash)
                                                           if len(flash) > 1 else "") if peer["peer"] == "llama.cpp"
                 else f"int4, OpenVINO {peer.get('versions', {}).get('openvino', '?')}")
-        ratio = lambda r: r.get("vs_peers", {}).get(peer["peer"], r.get("vs_peer"))  # noqa: E731
+        ratio = lambda r: r.get("vs_peers", {}).get(peer["peer"])  # noqa: E731
         lines.append(f"{peer['peer']} ({what}, once per round after our rows): "
                      f"{float(np.median(rates)):.2f} tok/s after {d['context']} positions (rounds: "
                      + " ".join(f"{t:.1f}" for t in rates) + "); each row's median ratio to it in the same round: "
@@ -324,20 +324,6 @@ def format_table(rows) -> str:
               "(all layers), x = that time over the kernel's bytes at its round's copy bandwidth",
               kernel_table(rows, name)]
     return "\n".join(lines)
-
-
-def _best_per_round(rows) -> list:
-    """A peer's tok/s per round: the best of the round's rows (llama.cpp gives one per flash-attention
-    setting, in order; a round's rows share a key of (n_depth, n_gen) and end where the setting repeats)."""
-    rounds, seen = [], set()
-    for r in rows:
-        setting = r.get("flash_attn")
-        if not rounds or setting in seen:
-            rounds.append([])
-            seen = set()
-        rounds[-1].append(r["tok_s"])
-        seen.add(setting)
-    return [max(v) for v in rounds]
 
 
 def kernel_table(rows, name=lambda r: r["schedule"]) -> str:

@@ -8,6 +8,13 @@ SAVED_INT8_DATABASE = "tuning_logs/phi2-int8-llvm"  # what tvm-ext save kept (th
 PEERS = ("llama.cpp", "ort", "openvino")
 
 
+def peer_module(name: str):
+    """The module of a whole-model peer (llama.cpp, openvino): prepare_peer, prefill_peer, peer_record."""
+    from tvm_ext.bench.phi2 import llama_cpp, openvino_llm
+
+    return {"llama.cpp": llama_cpp, "openvino": openvino_llm}[name]
+
+
 def int8_database(args) -> str:
     """--database, else the work dir when tuning or when nothing is saved, else the saved one."""
     if args.database:
@@ -46,11 +53,8 @@ def run_prompt(args, note: str | None = None) -> int:
     if note:
         out["note"] = note
     for name in (p for p in peers if p != "ort"):  # the whole-model peers, each in a process of its own
-        from tvm_ext.bench.phi2 import llama_cpp, openvino_llm
-
-        peer = {"llama.cpp": llama_cpp, "openvino": openvino_llm}[name]
-        out.setdefault("peers", []).append(peer.prefill_peer(prompts=(args.prompt,), threads=out["threads"], log=quiet,
-                                                             config=out["config"], layers=out["layers"]))
+        out.setdefault("peers", []).append(peer_module(name).prefill_peer(
+            prompts=(args.prompt,), threads=out["threads"], log=quiet, config=out["config"], layers=out["layers"]))
     if args.out:
         write_json(args.out, out)
     print(json.dumps(out) if args.json else format_prompt_table(out))
@@ -79,10 +83,10 @@ def format_prompt_table(d, top: int = 6) -> str:
         lines.append(f"best tvm_ext row vs {name}: {best / peer_best:.2f}x its prompt tok/s (fastest repeat of each, "
                      f"same run; {best / r['tok_s']:.2f}x its mean)")
     lines += [f"{p['peer']}: {p['summary']}" for p in d.get("peers", []) if p.get("summary")]
-    peak = d.get("int8_peak_tops", d.get("vnni_peak_tops"))  # results before session 31 hold the VNNI one only
-    if peak:
-        from tvm_ext.report.results import peak_instructions
+    from tvm_ext.report.results import int8_peak_tops, peak_instructions
 
+    peak = int8_peak_tops(d)
+    if peak:
         what = peak_instructions(d)
         lines.append(f"host int8 peak ({what}, {d['threads']} threads, registers only): {peak:.2f} TOPS")
     for r in rows:

@@ -126,7 +126,7 @@ def decode_rounds(doc) -> dict:
     """generate: {rows: {schedule: tok/s per round}, peers: [(name, tok/s per round)], bound: per round}."""
     rows = doc if isinstance(doc, list) else [doc]
     first = rows[0]
-    peers = first.get("peers_tok_s_rounds")  # by name; results before session 31 hold one peer's rounds
+    peers = first.get("peers_tok_s_rounds")  # by name; older results hold one peer's rounds
     if peers is None and first.get("peer_tok_s_rounds"):
         peers = {(first.get("peers") or [{"peer": "peer"}])[0]["peer"]: first["peer_tok_s_rounds"]}
     return {"rows": {n: r.get("tok_s_rounds") or [r["tok_s"]] for n, r in zip(_row_names(rows), rows)},
@@ -162,14 +162,19 @@ def prompt_gemms(doc) -> tuple[list, dict, float | None]:
     for r in doc["rows"]:
         names += [n for n in r.get("gemm_tops", {}) if n not in names]
     tops = {r["schedule"]: [r.get("gemm_tops", {}).get(n) for n in names] for r in doc["rows"]}
-    return names, tops, doc.get("int8_peak_tops", doc.get("vnni_peak_tops"))
+    return names, tops, int8_peak_tops(doc)
+
+
+def int8_peak_tops(doc) -> float | None:
+    """The prompt result's int8 peak (older results hold only ``vnni_peak_tops``, measured on VNNI hosts)."""
+    return doc.get("int8_peak_tops", doc.get("vnni_peak_tops"))
 
 
 PEAK_INSTRUCTIONS = {"avx512vnni": "vpdpbusd", "avxvnni": "vpdpbusd on 256 bits", "avx2": "vpmaddubsw + vpmaddwd"}
 
 
 def peak_instructions(doc) -> str:
-    """The instructions of the prompt result's int8 peak (results before session 31: vpdpbusd)."""
+    """The instructions of the prompt result's int8 peak (older results name none: vpdpbusd)."""
     return PEAK_INSTRUCTIONS[doc.get("int8_peak_form") or "avx512vnni"]
 
 

@@ -38,7 +38,6 @@ def export(hf_config: dict, out: str, seed: int, compression: dict) -> dict:
     model = OVModelForCausalLM.from_pretrained(tmp + "/hf", export=True, compile=False,
                                                quantization_config=OVWeightQuantizationConfig(**compression))
     model.save_pretrained(tmp + "/ov")
-    shutil.rmtree(tmp + "/hf")
     if os.path.isdir(out):
         shutil.rmtree(out)
     os.replace(tmp + "/ov", out)
@@ -46,7 +45,7 @@ def export(hf_config: dict, out: str, seed: int, compression: dict) -> dict:
     return {"export_s": time.time() - t0}
 
 
-def _last_token_logits(model, ov) -> None:
+def _last_token_logits(model) -> None:
     """A slice of the last position before the lm_head MatMul (the one the logits Result is computed from)."""
     from openvino import opset13 as ops
 
@@ -75,7 +74,7 @@ def run(model_dir: str, threads: int, prompts, repetitions: int, decode, vocab: 
         if op.get_type_name() == "Constant":
             kind = op.get_element_type().to_string()
             weights[kind] = weights.get(kind, 0) + int(np.prod(list(op.get_output_shape(0)), dtype=np.int64))
-    _last_token_logits(model, ov)
+    _last_token_logits(model)
     t0 = time.time()
     compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
                                                  "NUM_STREAMS": "1"})
