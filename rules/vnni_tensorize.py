@@ -21,13 +21,14 @@ What it does, per block:
    blocks we tiled carry the ``meta_schedule.tiling_structure`` annotation, so that
    rule skips them.
 
-With the AVX2 form of the intrinsic (``AVX2_INTRIN``: ``vpmaddubsw`` + ``vpmaddwd``, for
-x86 CPUs without VNNI) the rule only takes blocks annotated ``PAIRS_FIT_INT16_ATTR``
-(truthy) and returns any other block untouched. ``vpmaddubsw`` sums adjacent u8 x s8
-products in int16 with saturation, so the result is exact only when every weight pair has
-255 * (|w0| + |w1|) <= 32767; the weights are constants the workload knows and this rule
-does not, so the workload vouches for them with the annotation. The VNNI forms are exact
-for any int8 weights and ignore it.
+On x86 CPUs without VNNI the rule is built with ``AVX2_INTRIN`` and has two forms. Blocks
+annotated ``PAIRS_FIT_INT16_ATTR`` (truthy) get ``AVX2_INTRIN`` (``vpmaddubsw`` +
+``vpmaddwd``): ``vpmaddubsw`` sums adjacent u8 x s8 products in int16 with saturation, so it
+is exact only when every weight pair has 255 * (|w0| + |w1|) <= 32767; the weights are
+constants the workload knows and this rule does not, so the workload vouches for them with
+the annotation. Any other block gets ``AVX2_EXACT_INTRIN`` (``vpmaddwd`` on int16 pairs,
+exact for any int8 weights, ~1.4x the instructions). The VNNI forms are exact for any int8
+weights and ignore the annotation.
 
 The intrinsics live in ``tvm_ext.intrinsics.vnni``; the rule lists that put this rule
 before MultiLevelTiling (``with_vnni``, which picks the form by ``u8s8_intrin_name``) in
@@ -41,7 +42,7 @@ from tvm.s_tir.meta_schedule.schedule_rule import MultiLevelTilingWithIntrin, Re
 from tvm.s_tir.schedule import ScheduleError
 from tvm.s_tir.schedule.analysis import get_auto_tensorize_mapping_info
 
-from tvm_ext.intrinsics.vnni import (AVX2_INTRIN, AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, PAIRS_FIT_INT16_ATTR,
+from tvm_ext.intrinsics.vnni import (AVX512_VNNI_INTRIN, PAIRS_FIT_INT16_ATTR, U8S8_FORMS, block_form,
                                       register_intrinsics)
 from tvm_ext.schedule_rule import ScheduleRule
 
@@ -178,15 +179,15 @@ def tiling_options(max_innermost_factor: int) -> dict:
 
 
 class VNNITensorize(ScheduleRule):
-    """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI (or AVX2 on annotated
-    blocks), epilogue fused.  A block-level rule of the contract (``tvm_ext.schedule_rule``):
+    """Schedule rule: tensorize u8 x s8 -> s32 reductions with VNNI (or the AVX2 forms, see the
+    module doc), epilogue fused.  A block-level rule of the contract (``tvm_ext.schedule_rule``):
     MetaSchedule's face only, its tiles are sampled.
 
     Parameters
     ----------
     intrin_name: tensor intrinsic of ``tvm_ext.intrinsics.vnni`` (``AVX512_VNNI_INTRIN``,
-        ``AVX_VNNI_INTRIN``, or ``AVX2_INTRIN``: then annotated blocks only) or another
-        registered 16x4 one.
+        ``AVX_VNNI_INTRIN``, or ``AVX2_INTRIN``: then ``AVX2_EXACT_INTRIN`` for blocks not
+        annotated ``PAIRS_FIT_INT16_ATTR``) or another registered 16x4 one.
     max_innermost_factor: as in MultiLevelTiling.
     fuse: fold the elementwise epilogue into the tile (see module doc).
     """
@@ -197,23 +198,34 @@ class VNNITensorize(ScheduleRule):
     def __init__(self, intrin_name: str = AVX512_VNNI_INTRIN, max_innermost_factor: int = 64,
                  fuse: bool = True) -> None:
         super().__init__()
-        if intrin_name in (AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, AVX2_INTRIN):
+        if intrin_name in U8S8_FORMS:
             register_intrinsics()
         self.intrin_name = intrin_name
         self.max_innermost_factor = max_innermost_factor
         self.fuse = fuse
-        self._desc = TensorIntrin.get(intrin_name).desc
-        self._mlt = MultiLevelTilingWithIntrin(intrin_name, **tiling_options(max_innermost_factor))
+        self._desc = TensorIntrin.get(intrin_name).desc  # every form of the family shares it
+        self._mlt = {}  # intrinsic -> its MultiLevelTilingWithIntrin (made on first use)
         self._context = None
+
+    def form(self, block) -> str:
+        """The intrinsic ``block`` gets: the rule's, but the exact AVX2 form for an AVX2 rule's
+        blocks whose weights are not vouched for (module doc)."""
+        return block_form(self.intrin_name, annotated_pairs_fit(block))
+
+    def _tiling(self, intrin: str):
+        if intrin not in self._mlt:
+            self._mlt[intrin] = MultiLevelTilingWithIntrin(intrin, **tiling_options(self.max_innermost_factor))
+            if self._context is not None:
+                self._mlt[intrin]._initialize_with_tune_context(self._context)  # pylint: disable=protected-access
+        return self._mlt[intrin]
 
     def initialize(self, context) -> None:
         self._context = context
-        self._mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
+        for mlt in self._mlt.values():
+            mlt._initialize_with_tune_context(context)  # pylint: disable=protected-access
 
     def candidates(self, sch, block, target):
         stmt = sch.get(block)
-        if self.intrin_name == AVX2_INTRIN and not annotated_pairs_fit(stmt):
-            return [sch]  # vpmaddubsw could saturate on these weights (module doc)
         if not operands_packed(stmt):
             return [sch]
         try:
@@ -221,9 +233,10 @@ class VNNITensorize(ScheduleRule):
                 return [sch]
         except Exception:  # pylint: disable=broad-except
             return [sch]
-        name = sch.get(block).name_hint
+        intrin = self.form(stmt)
+        name = stmt.name_hint
         try:
-            results = list(self._mlt.apply(sch, block))
+            results = list(self._tiling(intrin).apply(sch, block))
         except Exception:  # pylint: disable=broad-except
             return [sch]
         out = []
@@ -231,7 +244,7 @@ class VNNITensorize(ScheduleRule):
             outer = _find_tensorized_block(res, name)
             if outer is None:
                 continue  # not tensorized after all
-            if not out and not self._tensorizes(res, outer):
+            if not out and not _tensorizes(res, outer, intrin):
                 # The iterators map onto the intrinsic but the operands do not (e.g. an
                 # NHWC conv with HWIO weights: the weight tile is [4][16], the
                 # intrinsic wants [16][4]); RewriteTensorize would fail on every candidate.
@@ -242,19 +255,21 @@ class VNNITensorize(ScheduleRule):
             out.append(res)
         return out or [sch]
 
-    def _tensorizes(self, sch, outer) -> bool:
-        """Whether ``outer`` really tensorizes (tried on a scratch copy, as the postproc would)."""
-        tmp = sch.copy()
-        try:
-            block = tmp.get(outer)
-            name = block.name_hint
-            if block.init is not None:
-                tmp.decompose_reduction(outer, tmp.get_loops(outer)[0])
-                outer = tmp.get_sblock(f"{name}_update")
-            tmp.tensorize(outer, self.intrin_name)
-            return True
-        except Exception:  # pylint: disable=broad-except
-            return False
-
     def clone(self) -> "VNNITensorize":
         return VNNITensorize(self.intrin_name, self.max_innermost_factor, self.fuse)
+
+
+def _tensorizes(sch, outer, intrin: str) -> bool:
+    """Whether ``outer`` really tensorizes with ``intrin`` (tried on a scratch copy, as the
+    postproc would)."""
+    tmp = sch.copy()
+    try:
+        block = tmp.get(outer)
+        name = block.name_hint
+        if block.init is not None:
+            tmp.decompose_reduction(outer, tmp.get_loops(outer)[0])
+            outer = tmp.get_sblock(f"{name}_update")
+        tmp.tensorize(outer, intrin)
+        return True
+    except Exception:  # pylint: disable=broad-except
+        return False

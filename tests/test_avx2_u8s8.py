@@ -1,9 +1,11 @@
-"""The AVX2 form of the 16x4 u8 x s8 product (``tvm_ext.dot_16x4_avx2``) and its gate.
+"""The AVX2 forms of the 16x4 u8 x s8 product and the gate between them.
 
-On x86 with AVX2 and no VNNI, VNNITensorize tensorizes packed conv/dense blocks with
-vpmaddubsw + vpmaddwd, but only blocks annotated ``PAIRS_FIT_INT16_ATTR``: vpmaddubsw
-saturates its pair sums to int16. Kernels are compiled for a Haswell target (AVX2, no
-VNNI) and run where the host has AVX2; the VNNI target is compiled only.
+On x86 with AVX2 and no VNNI, VNNITensorize tensorizes packed conv/dense blocks annotated
+``PAIRS_FIT_INT16_ATTR`` with vpmaddubsw + vpmaddwd (``tvm_ext.dot_16x4_avx2``: vpmaddubsw
+saturates its pair sums to int16, so only where the weights fit), and every other packed block
+with vpmaddwd on int16 pairs (``tvm_ext.dot_16x4_avx2_exact``: exact for any int8 weight).
+Kernels are compiled for a Haswell target (AVX2, no VNNI) and run where the host has AVX2; the
+VNNI target is compiled only.
 """
 import dataclasses
 
@@ -19,6 +21,7 @@ from tvm_ext.rules import vnni_tensorize as V
 from tvm_ext.targets import has_avx2, host_target
 from tvm_ext.tir_utils import blocks_of
 from tvm_ext.tune.sampling import sample_candidates, tune_context
+from tvm_ext.workloads.qnn_vnni import pairs_fit_int16
 
 import qnn_cases as C
 
@@ -28,6 +31,8 @@ HOST_AVX2 = has_avx2(host_target())
 W_MAX = 64  # 7-bit weights: 255 * (64 + 64) = 32640 <= 32767
 CASES = {"conv": lambda: C.conv2d_case(h=6, w=6, c_in=16, c_out=32, w_max=W_MAX),
          "dense": lambda: C.dense_case(m=2, n=32, k=64, w_max=W_MAX)}
+FULL_CASES = {"conv": lambda: C.conv2d_case(h=6, w=6, c_in=16, c_out=32, stride=2, seed=3),  # 8-bit weights
+              "dense": lambda: C.dense_case(m=2, n=32, k=64, seed=3)}
 
 
 def _annotated(case, value=1):
@@ -127,16 +132,41 @@ def test_annotated_block_tensorized_bit_exact_with_vpmaddubsw(kind):
         pytest.skip("host has no AVX2: compiled, not run")
 
 
+def test_exact_form_equals_the_description_on_any_weights():
+    """The vpmaddwd form sums what vpmaddubsw saturates: every int8 weight, including -128 and
+    127 beside 255 (the pair sums 64770 and -65280 that saturate above), and random bytes."""
+    lib = _one_tile(I.avx2_exact_intrin())
+    asm = lib.mod.inspect_source("asm")
+    assert "vpmaddwd" in asm and "vpmaddubsw" not in asm
+    if not HOST_AVX2:
+        pytest.skip("host has no AVX2: compiled, not run")
+    rng = np.random.default_rng(1)
+    tiles = [(np.full(4, 255, np.uint8), np.full((16, 4), w, np.int8)) for w in (127, -128)]
+    tiles += [(rng.integers(0, 256, 4).astype(np.uint8), rng.integers(-128, 128, (16, 4)).astype(np.int8))
+              for _ in range(50)]
+    for a, b in tiles:
+        np.testing.assert_array_equal(_run_tile(lib, a, b), b.astype(np.int32) @ a.astype(np.int32))
+
+
 @pytest.mark.parametrize("value", [None, 0], ids=["absent", "zero"])
-def test_rule_leaves_unannotated_blocks_alone(value):
-    case = CASES["dense"]() if value is None else _annotated(CASES["dense"](), value)
-    sch = tvm.s_tir.Schedule(case.mod)
-    rule = V.VNNITensorize(I.AVX2_INTRIN)
-    (out,) = rule.candidates(sch, sch.get_sblock("dense_int8"), AVX2)
-    tvm.ir.assert_structural_equal(out.mod, case.mod)
-    ctx = tune_context(case.mod, AVX2, tvm_ext.space(AVX2))
-    sketches = ctx.generate_design_space()
-    assert sketches and all("auto_tensorize" not in s.mod.script() for s in sketches)
+@pytest.mark.parametrize("kind", sorted(FULL_CASES))
+def test_unannotated_block_tensorized_bit_exact_with_vpmaddwd(kind, value):
+    """8-bit weights (no annotation, or a false one): the exact form, never vpmaddubsw."""
+    case = FULL_CASES[kind]()
+    if value is not None:
+        case = _annotated(case, value)
+    assert not pairs_fit_int16(case.args[1])  # these weights could saturate vpmaddubsw
+    _, schs = _candidates(case, AVX2)
+    for sch in schs:
+        assert f'tensor_intrin="{I.AVX2_EXACT_INTRIN}"' in str(sch.trace)
+        assert f'tensor_intrin="{I.AVX2_INTRIN}"' not in str(sch.trace)
+        lib = tvm.compile(sch.mod, target=AVX2)
+        asm = lib.mod.inspect_source("asm")
+        assert "vpmaddwd" in asm and "vpmaddubsw" not in asm and "vpdpbusd" not in asm
+        if HOST_AVX2:
+            np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
+    if not HOST_AVX2:
+        pytest.skip("host has no AVX2: compiled, not run")
 
 
 def test_vnni_target_keeps_the_vnni_form():

@@ -292,7 +292,7 @@ def test_bench_states_the_budget_a_database_was_tuned_to():
 @pytest.mark.parametrize("target, workload, why", [
     ({"kind": "llvm", "mcpu": "sapphirerapids"}, "resnet50-int8-amx", "AMX int8 tiles"),
     ({"kind": "llvm", "mcpu": "cascadelake"}, "resnet50-int8-nchwc", "VNNI (vpdpbusd) and no AMX"),
-    ({"kind": "llvm", "mcpu": "haswell"}, "resnet50-int8", "AVX2 without VNNI: 8-bit weights could saturate"),
+    ({"kind": "llvm", "mcpu": "haswell"}, "resnet50-int8-nchwc", "AVX2 without VNNI: vpmaddwd on int16 pairs"),
     ("cuda-sm80", "resnet50-int8-s8", "int8 tensor cores, which multiply s8 x s8"),
     ({"kind": "cuda", "arch": "sm_70"}, "resnet50-int8", "no int8 tensor cores before sm_72"),
 ])

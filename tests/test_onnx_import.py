@@ -383,15 +383,15 @@ def test_s8_layout_equals_the_reference_and_is_auto_on_cuda(models, name):
 
 def test_auto_layout_packs_where_the_target_tensorizes(models, packable):
     """``auto``: nchwc where the u8 x s8 rule tensorizes every conv/dense on the target (VNNI;
-    AVX2 only with 7-bit weights, whose pairs cannot saturate vpmaddubsw), nhwc otherwise
-    and for graphs the packed emission cannot lay out."""
+    AVX2 with any weights: vpmaddubsw where the pairs cannot saturate, else its exact vpmaddwd
+    form), nhwc otherwise and for graphs the packed emission cannot lay out."""
     haswell, cascadelake, generic = ({"kind": "llvm", "mcpu": cpu} for cpu in ("haswell", "cascadelake", "x86-64"))
     layout = {(name, cpu["mcpu"]): import_onnx(path, target=cpu).layout
               for name, path in (("7bit", packable["qdq"]), ("8bit", packable["qdq-8bit"]),
                                  ("ops", models["qdq-uint8"]))
               for cpu in (haswell, cascadelake, generic)}
     assert layout == {("7bit", "haswell"): "nchwc", ("7bit", "cascadelake"): "nchwc", ("7bit", "x86-64"): "nhwc",
-                      ("8bit", "haswell"): "nhwc", ("8bit", "cascadelake"): "nchwc", ("8bit", "x86-64"): "nhwc",
+                      ("8bit", "haswell"): "nchwc", ("8bit", "cascadelake"): "nchwc", ("8bit", "x86-64"): "nhwc",
                       ("ops", "haswell"): "nhwc", ("ops", "cascadelake"): "nhwc", ("ops", "x86-64"): "nhwc"}
     amx = {"kind": "llvm", "mcpu": "sapphirerapids"}  # AMX int8: the 64-channel layout the AMX rule tiles
     assert [import_onnx(packable[k], target=amx).layout for k in ("qdq", "qdq-8bit")] == ["amx", "amx"]

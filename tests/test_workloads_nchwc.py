@@ -18,9 +18,9 @@ from tvm.s_tir import meta_schedule as ms
 import tvm_ext
 from tvm_ext import tune as tuning, workloads
 from tvm_ext.tune.sampling import sample_candidates
-from tvm_ext.intrinsics.vnni import u8s8_intrin_name
+from tvm_ext.intrinsics.vnni import block_form, u8s8_intrin_name
 from tvm_ext.rules import vnni_tensorize as V
-from tvm_ext.targets import resolve_target, vnni_kinds
+from tvm_ext.targets import resolve_target
 from tvm_ext.tir_utils import blocks_of, prim_funcs
 from tvm_ext.workloads import resnet50_int8
 
@@ -145,11 +145,10 @@ def test_vnni_space_tensorizes_and_assembles_to_vpdpbusd(vnni_tasks, kind):
 @pytest.mark.slow  # ~10 s: tunes every packed task kind; test_untuned_exact checks the network by default
 def test_host_plain_rules_schedule_exact(packed, tmp_path):
     """On the host (an AMD znver3 without VNNI where this was written) the plugin's rule
-    set tensorizes only with the AVX2 form, and only blocks annotated as safe for it;
-    candidates for each kind of task, applied through a tuning database, give the exact
-    network."""
+    set tensorizes every packed conv/dense: with vpmaddubsw the blocks annotated as safe for
+    it, with the exact vpmaddwd form the others; candidates for each kind of task, applied
+    through a tuning database, give the exact network."""
     host = resolve_target("llvm")
-    host_vnni = bool(vnni_kinds(host))
     rules = [type(r).__name__ for r in tvm_ext.default_rules(host)]
     assert ("VNNITensorize" in rules) == bool(u8s8_intrin_name(host))
     tasks = tuning.extract_tasks(packed, host)
@@ -158,8 +157,10 @@ def test_host_plain_rules_schedule_exact(packed, tmp_path):
     for task in chosen:
         ctx, sketches = _space(task, host)
         annotated = any(V.annotated_pairs_fit(b) for b in blocks_of(_func(task)))
-        tensorized = host_vnni or (annotated and u8s8_intrin_name(host) is not None)
-        assert all(("auto_tensorize" in s.mod.script()) == tensorized for s in sketches)
+        intrin = u8s8_intrin_name(host)
+        intrin = intrin and block_form(intrin, annotated)
+        assert all(("auto_tensorize" in s.mod.script()) == (intrin is not None) for s in sketches)
+        assert intrin is None or all(f'"{intrin}"' in s.mod.script() for s in sketches)
         (sch,) = _candidates(ctx, host, 1)
         workload = database.commit_workload(task.mod)
         args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])

@@ -3,8 +3,9 @@
 One policy for the built-in ResNet-50 (``tvm-ext tune resnet50-int8`` picks its workload by it)
 and for imported ONNX models (``frontend.onnx_int8.emit``): AMX where the CPU has AMX int8
 (``tdpbusd``, ~7x ``vpdpbusd`` per core); the packed NCHW[x]c layout where a u8 x s8 16x4
-product tensorizes -- VNNI (``vpdpbusd``), or AVX2 (``vpmaddubsw``) when every weight pair fits its
-saturating int16 sums (7-bit weights); else NHWC, which nothing tensorizes.  On CUDA GPUs with
+product tensorizes -- VNNI (``vpdpbusd``), or AVX2: ``vpmaddubsw`` where every weight pair fits its
+saturating int16 sums (7-bit weights), else ``vpmaddwd`` on int16 pairs (exact for any int8
+weights, ~1.4x the instructions); else NHWC, which nothing tensorizes.  On CUDA GPUs with
 int8 tensor cores (sm_72 and later) NHWC with the convs on signed activations (``s8``:
 ``workloads.qnn_signed``), the s8 x s8 form their MMA takes; else NHWC.
 """
@@ -18,7 +19,8 @@ LAYOUTS = ("auto", "nhwc", "nchwc", "amx", "s8")  # what --layout takes: auto, o
 
 def best_layout(target, weights_fit_int16: bool) -> tuple[str, str]:
     """(layout, why) for ``target``: "amx", "nchwc", "s8" or "nhwc", and the reason in a few words.
-    ``weights_fit_int16``: every conv/dense weight pair fits ``vpmaddubsw`` (7-bit weights)."""
+    ``weights_fit_int16``: every conv/dense weight pair fits ``vpmaddubsw`` (7-bit weights); on
+    AVX2 without VNNI it names the form the packed layout gets, not the layout."""
     from tvm_ext.intrinsics.vnni import AVX2_INTRIN, u8s8_intrin_name
     from tvm_ext.targets import has_amx, resolve_target
 
@@ -39,7 +41,7 @@ def best_layout(target, weights_fit_int16: bool) -> tuple[str, str]:
     if intrin == AVX2_INTRIN and weights_fit_int16:
         return "nchwc", "AVX2 without VNNI, and every weight fits vpmaddubsw's int16 pairs"
     if intrin == AVX2_INTRIN:
-        return "nhwc", "AVX2 without VNNI: 8-bit weights could saturate vpmaddubsw's int16 pairs"
+        return "nchwc", "AVX2 without VNNI: vpmaddwd on int16 pairs, exact with 8-bit weights"
     return "nhwc", "no AVX2, VNNI or AMX: nothing tensorizes the int8 products"
 
 

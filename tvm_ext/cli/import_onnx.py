@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
                         "concat); amx, the same with 64-channel blocks that the AMX rule tiles; s8, NHWC with the "
                         "convs on signed activations (CUDA int8 tensor cores); default "
                         "auto: amx on --target with AMX int8, nchwc where it "
-                        "tensorizes on --target (VNNI; AVX2 with 7-bit weights), else nhwc")
+                        "tensorizes on --target (VNNI or AVX2), else nhwc")
     p.add_argument("--target", default="llvm", help="target of the check build (default llvm: this CPU)")
     p.add_argument("--images", type=int, default=3, help="random inputs compared with ORT (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")

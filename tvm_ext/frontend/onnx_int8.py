@@ -185,7 +185,7 @@ def emit(graph: QuantGraph, layout: str, target=None):
     check_layout(layout)
     target = target if target is not None else host_target()
     auto = layout == "auto"
-    if auto:  # with 7-bit weights assumed; checked below once the graph is packed
+    if auto:  # the packed layout's AVX2 form is exact with any weights: they need not be checked
         layout = best_layout(target, weights_fit_int16=True)[0]
     floats = FloatQuantGraph.of(graph)  # an imported graph's adds are qnn_ort's: only its requantize changes
     emitters = {"amx": lambda: AMXEmitter.for_graph(floats), "nchwc": lambda: PackedEmitter.for_graph(floats),
@@ -201,8 +201,6 @@ def emit(graph: QuantGraph, layout: str, target=None):
                 raise
             layout = fallback[layout]
             continue
-        if layout == "nchwc" and auto and emitter.unfit and best_layout(target, weights_fit_int16=False)[0] == "nhwc":
-            break  # AVX2 without VNNI, and some weights cannot use its form
         return mod, layout, reference
     return graph.to_relax(), "nhwc", graph
 

@@ -34,6 +34,7 @@ from tvm_ext.intrinsics import register_once
 AVX512_VNNI_INTRIN = "tvm_ext.dot_16x4_avx512vnni"
 AVX_VNNI_INTRIN = "tvm_ext.dot_16x4_avxvnni"
 AVX2_INTRIN = "tvm_ext.dot_16x4_avx2"
+AVX2_EXACT_INTRIN = "tvm_ext.dot_16x4_avx2_exact"
 # Block annotation a workload sets on a u8 x s8 reduction whose every weight pair (bytes 0-1
 # and 2-3 of each 4-byte group) has 255 * (|w0| + |w1|) <= 32767: vpmaddubsw's saturating
 # int16 pair sums are then exact, so the AVX2 form of the 16x4 product may be used.
@@ -81,6 +82,25 @@ def _pmadd(acc, a4, b_bytes):
                                     tirx.reinterpret("uint8x32", a4), b_bytes)
     return acc + T.call_llvm_pure_intrin("int32x8", T.llvm_lookup_intrinsic_id(MADDWD), pairs,
                                          T.broadcast(T.int16(1), 16))
+
+
+def _pmadd_exact(acc, a4, b_bytes):
+    """acc + a . b on 8 int32 lanes with AVX2, exact for any int8 weights: vpmaddwd on int16
+    pairs. Seen as int16 pairs, a lane's bytes (w0 w1 w2 w3) give (w1, w3) by an arithmetic
+    shift right by 8 and (w0, w2) by a shift left then right; the activation's (a1, a3) by a
+    logical shift right and (a0, a2) by a mask. Two vpmaddwd then sum the four products in
+    int32 (no int16 sum, so nothing saturates). The weight shifts depend on the weights only:
+    LLVM shares them between the unrolled calls that read the same tile."""
+    w16 = tirx.reinterpret("int16x16", b_bytes)
+    eight = T.broadcast(T.int16(8), 16)
+    w_odd = T.shift_right(w16, eight)
+    w_even = T.shift_right(T.shift_left(w16, eight), eight)
+    a16 = tirx.reinterpret("uint16x16", a4)
+    a_odd = tirx.reinterpret("int16x16", T.shift_right(a16, T.broadcast(T.uint16(8), 16)))
+    a_even = tirx.reinterpret("int16x16", T.bitwise_and(a16, T.broadcast(T.uint16(255), 16)))
+    maddwd = T.llvm_lookup_intrinsic_id(MADDWD)
+    return (acc + T.call_llvm_pure_intrin("int32x8", maddwd, w_even, a_even)
+            + T.call_llvm_pure_intrin("int32x8", maddwd, w_odd, a_odd))
 
 
 def _make_impl(instr_lanes: int, update):
@@ -173,9 +193,28 @@ def avx2_intrin() -> str:
     return _register(AVX2_INTRIN, 8, lambda: _pmadd)
 
 
+def avx2_exact_intrin() -> str:
+    """Register (once) and name the 16x4 intrinsic as AVX2 vpmaddwd on int16 pairs, exact for
+    any int8 weights (``_pmadd_exact``)."""
+    return _register(AVX2_EXACT_INTRIN, 8, lambda: _pmadd_exact)
+
+
+U8S8_FORMS = (AVX512_VNNI_INTRIN, AVX_VNNI_INTRIN, AVX2_INTRIN, AVX2_EXACT_INTRIN)  # one description, one layout
+
+
+def block_form(intrin: str, pairs_fit: bool) -> str:
+    """The form a packed block gets from a rule built with ``intrin`` (``u8s8_intrin_name``):
+    an AVX2 rule's block whose weights are not vouched for (``PAIRS_FIT_INT16_ATTR``) gets the
+    exact one."""
+    if intrin == AVX2_INTRIN and not pairs_fit:
+        return avx2_exact_intrin()
+    return intrin
+
+
 def makers() -> dict:
     """Name -> the call that registers it, for every form (nothing is parsed here)."""
-    return {AVX512_VNNI_INTRIN: avx512_vnni_intrin, AVX_VNNI_INTRIN: avx_vnni_intrin, AVX2_INTRIN: avx2_intrin}
+    return {AVX512_VNNI_INTRIN: avx512_vnni_intrin, AVX_VNNI_INTRIN: avx_vnni_intrin, AVX2_INTRIN: avx2_intrin,
+            AVX2_EXACT_INTRIN: avx2_exact_intrin}
 
 
 def register_intrinsics() -> None:

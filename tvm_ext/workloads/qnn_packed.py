@@ -29,9 +29,9 @@ NCHW input quantized and then packed, a dequantized float output, asymmetric pad
 depthwise convs (``depthwise_nchwc_acc``, no dot product to tensorize), a flatten of the pooled
 1x1 map, and channel counts that 16 does not divide (the last block zero-padded, with zero
 weights and constants, so padded channels never reach a real one). Convs and denses whose weights
-pass ``pairs_fit_int16`` are annotated for the AVX2 form of the intrinsic; ``unfit`` counts the
-others. Steps it cannot lay out (grouped convs that are not depthwise, concat, rescale) are
-refused with one line.
+pass ``pairs_fit_int16`` are annotated for the ``vpmaddubsw`` form of the AVX2 intrinsic; the
+others get its exact ``vpmaddwd`` form. Steps it cannot lay out (grouped convs that are not
+depthwise, concat, rescale) are refused with one line.
 """
 from __future__ import annotations
 
@@ -123,11 +123,9 @@ class Deferred:
 
 
 class PackedEmitter:
-    """Emits the steps of a QuantGraph on packed tensors (see the module doc). ``unfit``
-    counts the convs and denses whose weights do not pass ``pairs_fit_int16`` (no AVX2 form)."""
+    """Emits the steps of a QuantGraph on packed tensors (see the module doc)."""
 
     def __init__(self, float_epilogues: bool = False):
-        self.unfit = 0
         self.float_epilogues = float_epilogues  # requantize and residual adds in float32 (qnn_float)
 
     @classmethod
@@ -136,10 +134,9 @@ class PackedEmitter:
         ``qnn_float.FloatQuantGraph``, the fixed point otherwise."""
         return cls(**kwargs, float_epilogues=isinstance(graph, qnn_float.FloatQuantGraph))
 
-    def _fits(self, weight) -> bool:
-        fits = pairs_fit_int16(weight)
-        self.unfit += not fits
-        return fits
+    @staticmethod
+    def _fits(weight) -> bool:
+        return pairs_fit_int16(weight)
 
     def input(self, bb, var) -> Packed:
         """A uint8 NHWC input is packed here; a float input (an imported model's) is kept
