@@ -370,6 +370,19 @@ def test_database_needing_instructions_the_target_lacks_is_one_line(work_dir, la
     db.check_instructions(path, resolve_target({"kind": "llvm", "mcpu": having}))
 
 
+def test_a_vnni_database_transfers_to_an_avx2_cpu_but_amx_does_not():
+    """The main job on an AVX2-only CPU may start from a VNNI host's database (its u8 x s8 form is
+    swapped for this CPU's, ``transfer.retargeted``); AMX tiles and a CPU without AVX2 cannot."""
+    from tvm_ext.targets import resolve_target
+
+    vnni, amx = str(LOGS / "resnet50-int8-nchwc-znver5-llvm-plugin"), str(LOGS / "resnet50-int8-amx-llvm-plugin")
+    db.check_instructions(vnni, resolve_target({"kind": "llvm", "mcpu": "znver3"}), retarget=True)
+    with pytest.raises(db.DatabaseMismatch, match="AVX-512 VNNI instructions"):
+        db.check_instructions(vnni, resolve_target({"kind": "llvm", "mcpu": "x86-64"}), retarget=True)
+    with pytest.raises(db.DatabaseMismatch, match="AMX instructions"):
+        db.check_instructions(amx, resolve_target({"kind": "llvm", "mcpu": "znver3"}), retarget=True)
+
+
 def test_untensorized_database_runs_anywhere():
     from tvm_ext.targets import resolve_target
 

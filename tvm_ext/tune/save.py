@@ -149,7 +149,7 @@ def find_saved(workload: str, ruleset: str, options: dict, target, root: str = S
         if target_mismatch(meta["target"], target) is None and meta.get("threads") == measuring_threads():
             return path, True
         try:
-            check_instructions(path, target)
+            check_instructions(path, target, retarget=True)  # its u8 x s8 form is swapped for ours
         except DatabaseMismatch as err:
             refused.append(str(err))
             continue

@@ -9,6 +9,9 @@ tuning runner, like any candidate, and committed as the new module's first recor
 then starts from it (MetaSchedule seeds its population with the database's best) and keeps it
 only while nothing it measures is faster. A trace that does not replay (blocks renamed, loops
 changed) is skipped with one line: that task is tuned from scratch.
+
+A schedule tensorized with another CPU's form of the 16x4 u8 x s8 product (``vpdpbusd`` on a VNNI
+host) is replayed with this target's (``retargeted``): the forms share one description and layout.
 """
 from __future__ import annotations
 
@@ -21,12 +24,43 @@ from tvm_ext.tune.database import best_record, records_of
 from tvm_ext.tune.runner import runner_seconds
 
 
-def replayed(record, mod: tvm.IRModule):
-    """The schedule of ``mod`` given by ``record``'s trace (postprocessors included), or None
-    where the trace does not apply to it."""
+def retargeted(trace, mod: tvm.IRModule, target):
+    """``trace`` with the 16x4 u8 x s8 intrinsic it names swapped for the form ``target``'s rule
+    gives ``mod``'s block (``vnni.block_form``): all forms share one description and one packed
+    layout, so a schedule tuned with ``vpdpbusd`` replays on an AVX2-only CPU with ``vpmaddwd``.
+    The same trace where ``target`` has no form or the trace names none."""
+    from tvm.s_tir.schedule import Instruction, Trace  # pylint: disable=import-outside-toplevel
+
+    from tvm_ext.intrinsics.vnni import U8S8_FORMS, block_form, u8s8_intrin_name
+    from tvm_ext.rules.vnni_tensorize import annotated_pairs_fit
+    from tvm_ext.tir_utils import blocks_of, prim_funcs
+
+    here = u8s8_intrin_name(target)
+    if here is None:
+        return trace
+    fits = any(annotated_pairs_fit(b) for _, func in prim_funcs(mod) for b in blocks_of(func))
+    want = block_form(here, fits)
+
+    def swap(values):
+        return [want if isinstance(v, str) and v in U8S8_FORMS else v for v in values]
+
+    insts, decisions, changed = [], {}, False
+    for inst in trace.insts:
+        new = Instruction(inst.kind, swap(inst.inputs), swap(inst.attrs), inst.outputs)
+        changed |= [str(v) for v in new.inputs + new.attrs] != [str(v) for v in list(inst.inputs) + list(inst.attrs)]
+        insts.append(new)
+        if trace.get_decision(inst) is not None:
+            decisions[new] = trace.get_decision(inst)
+    return Trace(insts, decisions) if changed else trace
+
+
+def replayed(record, mod: tvm.IRModule, target=None):
+    """The schedule of ``mod`` given by ``record``'s trace (postprocessors included; its u8 x s8
+    form ``retargeted`` to ``target`` when given), or None where the trace does not apply to it."""
     sch = tvm.s_tir.Schedule(mod)
+    trace = record.trace if target is None else retargeted(record.trace, mod, target)
     try:
-        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        trace.apply_to_schedule(sch, remove_postproc=False)
     except (RuntimeError, ValueError, KeyError, IndexError):  # ScheduleError, TVM internal errors
         return None
     return sch
@@ -87,7 +121,7 @@ def transfer_schedules(source_dir: str, tasks, database, target, runner, top_k: 
             continue
         ranked = sorted((r for r in records_of(source, task.mod) if record_seconds(r) is not None),
                         key=record_seconds)
-        schedules = [s for s in (replayed(r, task.mod) for r in ranked[:top_k]) if s is not None]
+        schedules = [s for s in (replayed(r, task.mod, target) for r in ranked[:top_k]) if s is not None]
         if schedules:
             picked.append((task, schedules))
     if not picked:
@@ -109,4 +143,4 @@ def transfer_schedules(source_dir: str, tasks, database, target, runner, top_k: 
     return committed
 
 
-__all__ = ["replayed", "reuse_schedules", "transfer_schedules"]
+__all__ = ["replayed", "retargeted", "reuse_schedules", "transfer_schedules"]
