@@ -169,6 +169,27 @@ def test_unannotated_block_tensorized_bit_exact_with_vpmaddwd(kind, value):
         pytest.skip("host has no AVX2: compiled, not run")
 
 
+def _writeback_vector_lanes(func) -> list:
+    """Extents of the vectorized loops around the accumulators' write-back block(s)."""
+    from tvm.s_tir.stmt import SBlock
+
+    from tvm_ext.tir_utils import collect
+
+    return [int(loop.extent) for loop in collect(func.body, tvm.tirx.For)
+            if loop.kind == tvm.tirx.ForKind.VECTORIZED
+            and any(b.name_hint.endswith("_global") for b in collect(loop.body, SBlock))]
+
+
+def test_writeback_is_vectorized_per_pixel():
+    """The AVX2 forms' write-back (epilogue folded in) is vectorized over one pixel's 16 channels,
+    never fused over the tile's pixels: a 112-lane write-back made LLVM turn the accumulator tile
+    into one vector and every 8-lane update into element inserts/extracts (4.6 GMAC/s)."""
+    case = FULL_CASES["conv"]()
+    _, schs = _candidates(case, AVX2, 6)
+    lanes = [_writeback_vector_lanes(sch.mod["main"]) for sch in schs]
+    assert all(lanes) and all(n <= 16 for per in lanes for n in per), lanes
+
+
 def test_vnni_target_keeps_the_vnni_form():
     """The annotation does not matter where VNNI exists: vpdpbusd, never vpmaddubsw."""
     case = _annotated(CASES["dense"]())
