@@ -117,8 +117,8 @@ def test_a_vnni_schedule_is_retargeted_to_the_avx2_forms(tmp_path, monkeypatch):
     for case, form in ((full, I.AVX2_EXACT_INTRIN), (fit, I.AVX2_INTRIN)):
         _, record = _vnni_record_of(case)
         assert f'"{I.AVX512_VNNI_INTRIN}"' in str(record.trace)
-        assert transfer.retargeted(record.trace, case.mod, {"kind": "llvm", "mcpu": "cascadelake"}).same_as(record.trace)
-        assert transfer.retargeted(record.trace, case.mod, {"kind": "llvm", "mcpu": "x86-64"}).same_as(record.trace)
+        for same in ("cascadelake", "x86-64"):  # its own form; no form at all
+            assert transfer.retargeted(record.trace, case.mod, {"kind": "llvm", "mcpu": same}).same_as(record.trace)
         moved = transfer.replayed(record, case.mod, avx2)
         assert f'"{form}"' in str(moved.trace) and I.AVX512_VNNI_INTRIN not in str(moved.trace)
         lib = tvm.compile(moved.mod, target=avx2)
