@@ -3,6 +3,7 @@
 pick no longer applies once tuning found a better record, and the bad input."""
 import json
 import os
+import shutil
 
 import pytest
 import tvm
@@ -12,7 +13,8 @@ from tvm_ext import workloads
 from tvm_ext.bench.in_network import choose
 from tvm_ext.targets import resolve_target
 from tvm_ext.tune.picks import PICKS_FILE, picked_database, ranked, read_picks, trace_key, write_picks
-from cli_run import SMALL, cli
+from cli_run import SMALL, TUNED, cli, tuned_conv2d
+from made_once import made_once
 
 
 def test_a_lower_rank_is_kept_only_where_it_beats_the_best_by_the_margin():
@@ -24,11 +26,20 @@ def test_a_lower_rank_is_kept_only_where_it_beats_the_best_by_the_margin():
 
 @pytest.fixture(scope="module")
 def picked(tmp_path_factory):
-    """conv2d-int8 tuned for 4 trials and picked inside its network over its 2 best records."""
-    work_dir = str(tmp_path_factory.mktemp("picks") / "conv2d-int8-llvm-plugin")
-    _, out, err = cli("tune", "conv2d-int8", *SMALL, "--trials", "4", "--work-dir", work_dir, "--in-network", "2",
-                      "--json")
-    return work_dir, json.loads(out), err
+    """conv2d-int8 tuned for 2 trials (the session's database, ``cli_run.tuned_conv2d``), then the same
+    command resumed with ``--in-network 2``: picked inside its network over its 2 best records, once per
+    session (``made_once``); this module's own copy."""
+    def pick(path):
+        shutil.copytree(tuned_conv2d(tmp_path_factory) / TUNED, path / TUNED)
+        _, out, err = cli("tune", "conv2d-int8", *SMALL, "--trials", "2", "--work-dir", str(path / TUNED),
+                          "--in-network", "2", "--json")
+        (path / "out.json").write_text(out)
+        (path / "err.txt").write_text(err)
+
+    made = made_once(tmp_path_factory, "conv2d-int8-2-trials-in-network-2", pick)
+    work_dir = str(tmp_path_factory.mktemp("picks") / TUNED)
+    shutil.copytree(made / TUNED, work_dir)
+    return work_dir, json.loads((made / "out.json").read_text()), (made / "err.txt").read_text()
 
 
 def _conv_task_and_ranks(work_dir):
@@ -68,8 +79,6 @@ def test_tune_in_network_times_the_ranks_and_writes_the_picks(picked):
 
 
 def test_a_pick_is_what_the_network_compiles_until_tuning_finds_a_better_record(picked, tmp_path):
-    import shutil
-
     work_dir = str(tmp_path / "wd")
     shutil.copytree(picked[0], work_dir)
     task, (best, second) = _conv_task_and_ranks(work_dir)

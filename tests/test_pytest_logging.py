@@ -34,6 +34,12 @@ def test_second(tmp_path):
 '''
 
 
+# the inner sessions load no other installed plugins (hypothesis, xdist, benchmark, timeout, anyio: ~3 s of
+# each process's start, nothing to do with log capture, which is pytest's own)
+OTHER_PLUGINS_OFF = [arg for name in ("hypothesispytest", "xdist", "xdist.looponfail", "benchmark", "timeout", "anyio")
+                     for arg in ("-p", f"no:{name}")]
+
+
 def _pytest_attaches_to_non_propagating_loggers():
     import _pytest.logging as pl
 
@@ -43,7 +49,7 @@ def _pytest_attaches_to_non_propagating_loggers():
 
 def test_two_tune_tir_runs_in_one_session(pytester):
     pytester.makepyfile(test_inner=INNER)
-    result = pytester.runpytest_subprocess("-q")  # the plugin is on by default
+    result = pytester.runpytest_subprocess("-q", *OTHER_PLUGINS_OFF)  # our plugin is on by default
     result.assert_outcomes(passed=2)
 
 
@@ -54,6 +60,6 @@ def test_without_the_plugin_the_second_run_crashes(pytester):
     if not _pytest_attaches_to_non_propagating_loggers():
         pytest.skip("this pytest does not attach handlers to non-propagating loggers")
     pytester.makepyfile(test_inner=INNER)
-    result = pytester.runpytest_subprocess("-q", "-p", "no:tvm_ext")
+    result = pytester.runpytest_subprocess("-q", *OTHER_PLUGINS_OFF, "-p", "no:tvm_ext")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*NoneType*format*"])

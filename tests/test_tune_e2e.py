@@ -1,5 +1,5 @@
 """ms.tune_tir with tvm_ext.space and the stack's builder and runner on the seed conv task,
-then bit-exact against NumPy; tune_task's per-task VerifyGPUCode rejection counts (slow)."""
+then bit-exact against NumPy (slow); tune_task's per-task VerifyGPUCode rejection counts (slow)."""
 import os
 import tempfile
 
@@ -36,7 +36,13 @@ def numpy_reference(data, weight, zp_corr, bias, mult, lshift, rshift):
     return ref.requantize(acc, zp_corr, bias, mult, lshift, rshift, zp_out=ZP_OUT)
 
 
+@pytest.mark.slow
 def test_tune_tir_with_plugin_space_is_bit_exact(tmp_path):
+    """Slow (~20-30 s of the default run, a fresh builder and runner and an evolutionary search): the
+    default run covers each piece faster -- ``ms.tune_tir`` with ``tvm_ext.space`` and the stack's builder
+    (test_best.py's database), the stack's search, builder and runner on this seed conv, its records
+    measured, and the tuned network bit-exact against the NumPy reference (test_cli.py: ``tuned``,
+    ``test_bench_checks_exactness_and_writes_json``)."""
     target = llvm_target()
     mod = tvm.IRModule({"main": seed_conv_primfunc(image=IMAGE, channels=CIN, out_channels=COUT)})
     database = ms.tune_tir(mod, target, str(tmp_path), max_trials_global=4, num_trials_per_iter=4,

@@ -101,7 +101,9 @@ def run(args) -> int:
         client = connect(args.cluster, args.cluster_credentials)  # one line when it cannot
     elif args.rpc_tracker is None:
         check_device(target, "tuning")
-    runner = None if client else tuning.make_runner(args.rpc_tracker, args.rpc_key)
+    # an RPC runner is made (and its arguments checked) before any work; the local one is started by
+    # tuning.tune when a task has trials left
+    runner = None if client or args.rpc_tracker is None else tuning.make_runner(args.rpc_tracker, args.rpc_key)
     work_dir = args.work_dir or tuning.default_work_dir(workload_key(args), target, args.ruleset, root=WORK_ROOT)
     fresh = not _nonempty(work_dir)
     if not fresh:

@@ -176,13 +176,16 @@ def _tune(workload, target, work_dir, trials, ruleset, runner, log, seed, per_it
     tasks = extract_tasks(workload, target)
     old_tasks = load_tasks(work_dir, meta) if reuse_schedules and meta.get("tasks") else []
     save_tasks(work_dir, meta, tasks)
-    runner = runner if runner is not None else make_runner()
     database = open_database(work_dir)
+    builder = None
+    if old_tasks or transfer_from:  # both measure schedules here
+        runner = runner if runner is not None else make_runner()
     if old_tasks:
         reused = reuse_schedules_of(old_tasks, tasks, database, target, runner, log=log)
         log(f"{reused} changed tasks start from their old schedule")
-    if transfer_from:
-        moved = transfer_schedules(transfer_from, tasks, database, target, runner, log=log)
+    if transfer_from:  # a new work dir: one builder measures the saved schedules, then tunes
+        builder = make_builder()
+        moved = transfer_schedules(transfer_from, tasks, database, target, runner, builder=builder, log=log)
         log(f"{moved} schedules transferred from {transfer_from}, each measured on this machine")
     todo = {task.name: max(0, trials - len(records_of(database, task.mod))) for task in tasks}
     left, spent, measured = sum(todo.values()), 0.0, 0
@@ -194,13 +197,17 @@ def _tune(workload, target, work_dir, trials, ruleset, runner, log, seed, per_it
         head = f"[{i}/{len(tasks)}] {task.name} (x{task.weight})"
         if not todo[task.name]:
             continue
+        # started for the first task with trials left (a resumed, finished run starts none: ~5 s each),
+        # then shared by the tasks after it (a builder per task started its worker processes again)
+        runner = runner if runner is not None else make_runner()
+        builder = builder if builder is not None else make_builder()
         errors = FirstError()
         eta = f", ETA {_duration(left * spent / measured)}" if measured else ""
         log(f"{head}: {trials - todo[task.name]}/{trials} trials, tuning {todo[task.name]}{eta}")
         start = time.time()
         try:
             rejections = tune_task(task, target, database, work_dir, todo[task.name],
-                                   ruleset=ruleset, runner=runner, seed=seed + i,
+                                   ruleset=ruleset, runner=runner, builder=builder, seed=seed + i,
                                    per_iter=per_iter, verbose=verbose,
                                    callbacks=[errors.callback(), stop_callback(should_stop)])
         finally:  # also when stopped: the records it wrote were paid for

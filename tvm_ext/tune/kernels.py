@@ -18,6 +18,7 @@ import tvm
 
 from tvm_ext.jsonio import read_json, write_json
 from tvm_ext.scheduling import kernel_key  # noqa: F401  (the files beside a database are keyed by it)
+from tvm_ext.tune.builder import make_builder
 from tvm_ext.tune.database import mean_run_seconds, open_database, records_of, repair_database
 from tvm_ext.tune.driver import Task, tune_task
 from tvm_ext.tune.runner import make_runner
@@ -79,16 +80,18 @@ def tune_kernels(mods: dict, target, db_dir: str, trials: int, *, log_dir: str |
     if trials < 1:
         raise ValueError(f"trials must be at least 1, not {trials}")
     database = kernel_database(db_dir, log)  # created / repaired and opened once
-    runner = runner if runner is not None else make_runner()
-    added = {}
+    added, builder = {}, None
     for i, (name, mod) in enumerate(mods.items()):
         done = len(records_of(database, mod))
         if done >= trials:
             added[name] = 0
             continue
+        # started for the first kernel with trials left (a finished database starts none), then shared
+        runner = runner if runner is not None else make_runner()
+        builder = builder if builder is not None else make_builder()
         log(f"  tuning {name}: {trials - done} trials ({done} in {db_dir})")
         tune_task(Task(name, 1, mod), target, database, log_dir or db_dir, trials - done,
-                  ruleset=ruleset, runner=runner, seed=seed + i, per_iter=per_iter,
+                  ruleset=ruleset, runner=runner, builder=builder, seed=seed + i, per_iter=per_iter,
                   callbacks=[order_callback(db_dir, mod)])
         added[name] = len(records_of(database, mod)) - done
     return added
