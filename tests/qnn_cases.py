@@ -195,6 +195,21 @@ def dense_case(m: int = 8, n: int = 64, k: int = 128, zp_x: int = 9, zp_out: int
     )
 
 
+def annotated(case: PackedQCase, value=1) -> PackedQCase:
+    """``case`` with its accumulator block annotated ``PAIRS_FIT_INT16_ATTR`` = ``value``, as the
+    workloads do when every weight pair fits vpmaddubsw's int16 sums."""
+    import dataclasses
+
+    from tvm_ext.intrinsics.vnni import PAIRS_FIT_INT16_ATTR
+    from tvm_ext.rules.vnni_tensorize import operands_packed
+    from tvm_ext.tir_utils import blocks_of
+
+    sch = tvm.s_tir.Schedule(case.mod)
+    (acc,) = [b for b in blocks_of(case.func) if operands_packed(b)]
+    sch.annotate(sch.get_sblock(acc.name_hint), PAIRS_FIT_INT16_ATTR, value)
+    return dataclasses.replace(case, func=sch.mod["main"])
+
+
 def run_case(case: PackedQCase, lib, dev=None) -> np.ndarray:
     """Run a compiled case (``tvm.compile(case.mod, target)``) and return its output."""
     dev = dev or tvm.cpu()

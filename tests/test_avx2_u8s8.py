@@ -7,7 +7,6 @@ with vpmaddwd on int16 pairs (``tvm_ext.dot_16x4_avx2_exact``: exact for any int
 Kernels are compiled for a Haswell target (AVX2, no VNNI) and run where the host has AVX2; the
 VNNI target is compiled only.
 """
-import dataclasses
 
 import numpy as np
 import pytest
@@ -17,9 +16,7 @@ from tvm import te
 import tvm_ext
 from tvm_ext import rulesets as R
 from tvm_ext.intrinsics import vnni as I
-from tvm_ext.rules import vnni_tensorize as V
 from tvm_ext.targets import has_avx2, host_target
-from tvm_ext.tir_utils import blocks_of
 from tvm_ext.tune.sampling import sample_candidates, tune_context
 from tvm_ext.workloads.qnn_vnni import pairs_fit_int16
 
@@ -33,14 +30,6 @@ CASES = {"conv": lambda: C.conv2d_case(h=6, w=6, c_in=16, c_out=32, w_max=W_MAX)
          "dense": lambda: C.dense_case(m=2, n=32, k=64, w_max=W_MAX)}
 FULL_CASES = {"conv": lambda: C.conv2d_case(h=6, w=6, c_in=16, c_out=32, stride=2, seed=3),  # 8-bit weights
               "dense": lambda: C.dense_case(m=2, n=32, k=64, seed=3)}
-
-
-def _annotated(case, value=1):
-    """``case`` with its accumulator block annotated as the workloads do when the bound holds."""
-    sch = tvm.s_tir.Schedule(case.mod)
-    (acc,) = [b for b in blocks_of(case.func) if V.operands_packed(b)]
-    sch.annotate(sch.get_sblock(acc.name_hint), I.PAIRS_FIT_INT16_ATTR, value)
-    return dataclasses.replace(case, func=sch.mod["main"])
 
 
 def _candidates(case, target, n=2):
@@ -119,7 +108,7 @@ def test_unsafe_weights_saturate_in_avx2_form():
 
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_annotated_block_tensorized_bit_exact_with_vpmaddubsw(kind):
-    case = _annotated(CASES[kind]())
+    case = C.annotated(CASES[kind]())
     _, schs = _candidates(case, AVX2)
     for sch in schs:
         assert f'tensor_intrin="{I.AVX2_INTRIN}"' in str(sch.trace)
@@ -154,7 +143,7 @@ def test_unannotated_block_tensorized_bit_exact_with_vpmaddwd(kind, value):
     """8-bit weights (no annotation, or a false one): the exact form, never vpmaddubsw."""
     case = FULL_CASES[kind]()
     if value is not None:
-        case = _annotated(case, value)
+        case = C.annotated(case, value)
     assert not pairs_fit_int16(case.args[1])  # these weights could saturate vpmaddubsw
     _, schs = _candidates(case, AVX2)
     for sch in schs:
@@ -192,7 +181,7 @@ def test_writeback_is_vectorized_per_pixel():
 
 def test_vnni_target_keeps_the_vnni_form():
     """The annotation does not matter where VNNI exists: vpdpbusd, never vpmaddubsw."""
-    case = _annotated(CASES["dense"]())
+    case = C.annotated(CASES["dense"]())
     _, (sch,) = _candidates(case, VNNI, 1)
     assert f'tensor_intrin="{I.AVX512_VNNI_INTRIN}"' in str(sch.trace) and I.AVX2_INTRIN not in str(sch.trace)
     asm = tvm.compile(sch.mod, target=VNNI).mod.inspect_source("asm")

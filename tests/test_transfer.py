@@ -81,7 +81,7 @@ def test_a_schedule_failing_on_the_new_tir_is_skipped(monkeypatch):
 # --------------------------------------------------------------------------- u8 x s8 forms
 def _vnni_record_of(case):
     """A candidate of the plugin's space for a VNNI CPU (cascadelake) on ``case``, committed to
-    a MemoryDatabase as another machine's tuning would have: (database, record)."""
+    a MemoryDatabase as another machine's tuning would have: its record."""
     import tvm_ext
     from tvm_ext.tune.sampling import sample_candidates, tune_context
 
@@ -91,31 +91,25 @@ def _vnni_record_of(case):
                                postprocs=list(ctx.space_generator.postprocs))
     db = ms.database.MemoryDatabase()
     _commit(db, sch, case.mod, 1e-3)
-    return db, best_record(db, case.mod)
+    return best_record(db, case.mod)
 
 
 def test_a_vnni_schedule_is_retargeted_to_the_avx2_forms(tmp_path, monkeypatch):
     """A schedule tuned with vpdpbusd replays on an AVX2-only CPU with the form its rule would
     give the block (exact vpmaddwd for 8-bit weights, vpmaddubsw for annotated 7-bit ones), and
     the network it builds is exact; the main job's transfer goes through it."""
-    import dataclasses
-
     import numpy as np
     import qnn_cases as C
 
     from tvm_ext.intrinsics import vnni as I
     from tvm_ext.targets import has_avx2, host_target
-    from tvm_ext.tir_utils import blocks_of
     from tvm_ext.tune.database import open_database
 
     avx2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
     full = C.conv2d_case(h=6, w=6, c_in=16, c_out=32, seed=4)  # 8-bit weights
-    sch = tvm.s_tir.Schedule(C.conv2d_case(h=6, w=6, c_in=16, c_out=32, w_max=64).mod)
-    (acc,) = [b for b in blocks_of(sch.mod["main"]) if b.name_hint == "conv2d_nchwc_int8"]
-    sch.annotate(sch.get_sblock(acc.name_hint), I.PAIRS_FIT_INT16_ATTR, 1)
-    fit = dataclasses.replace(C.conv2d_case(h=6, w=6, c_in=16, c_out=32, w_max=64), func=sch.mod["main"])
+    fit = C.annotated(C.conv2d_case(h=6, w=6, c_in=16, c_out=32, w_max=64))  # 7-bit, vouched for
     for case, form in ((full, I.AVX2_EXACT_INTRIN), (fit, I.AVX2_INTRIN)):
-        _, record = _vnni_record_of(case)
+        record = _vnni_record_of(case)
         assert f'"{I.AVX512_VNNI_INTRIN}"' in str(record.trace)
         for same in ("cascadelake", "x86-64"):  # its own form; no form at all
             assert transfer.retargeted(record.trace, case.mod, {"kind": "llvm", "mcpu": same}).same_as(record.trace)
@@ -127,7 +121,7 @@ def test_a_vnni_schedule_is_retargeted_to_the_avx2_forms(tmp_path, monkeypatch):
             np.testing.assert_array_equal(C.run_case(case, lib), case.reference())
 
     # transfer_schedules: the saved (VNNI) database's best, retargeted, measured, committed here
-    _, record = _vnni_record_of(full)
+    record = _vnni_record_of(full)
     source = tmp_path / "saved"
     source.mkdir()
     target_db = open_database(str(source))

@@ -178,13 +178,13 @@ def _tune(workload, target, work_dir, trials, ruleset, runner, log, seed, per_it
     save_tasks(work_dir, meta, tasks)
     database = open_database(work_dir)
     builder = None
-    if old_tasks or transfer_from:  # both measure schedules here
+    if old_tasks or transfer_from:  # both measure schedules here, with the runner and builder that then tune
         runner = runner if runner is not None else make_runner()
-    if old_tasks:
-        reused = reuse_schedules_of(old_tasks, tasks, database, target, runner, log=log)
-        log(f"{reused} changed tasks start from their old schedule")
-    if transfer_from:  # a new work dir: one builder measures the saved schedules, then tunes
         builder = make_builder()
+    if old_tasks:
+        reused = reuse_schedules_of(old_tasks, tasks, database, target, runner, builder=builder, log=log)
+        log(f"{reused} changed tasks start from their old schedule")
+    if transfer_from:  # a new work dir
         moved = transfer_schedules(transfer_from, tasks, database, target, runner, builder=builder, log=log)
         log(f"{moved} schedules transferred from {transfer_from}, each measured on this machine")
     todo = {task.name: max(0, trials - len(records_of(database, task.mod))) for task in tasks}

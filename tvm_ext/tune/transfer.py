@@ -41,17 +41,22 @@ def retargeted(trace, mod: tvm.IRModule, target):
     fits = any(annotated_pairs_fit(b) for _, func in prim_funcs(mod) for b in blocks_of(func))
     want = block_form(here, fits)
 
-    def swap(values):
-        return [want if isinstance(v, str) and v in U8S8_FORMS else v for v in values]
+    def other_form(value) -> bool:
+        return isinstance(value, str) and value in U8S8_FORMS and value != want
 
-    insts, decisions, changed = [], {}, False
+    def swap(values):
+        return [want if other_form(v) else v for v in values]
+
+    if not any(other_form(v) for inst in trace.insts for v in [*inst.inputs, *inst.attrs]):
+        return trace
+    insts, decisions = [], {}
     for inst in trace.insts:
         new = Instruction(inst.kind, swap(inst.inputs), swap(inst.attrs), inst.outputs)
-        changed |= [str(v) for v in new.inputs + new.attrs] != [str(v) for v in list(inst.inputs) + list(inst.attrs)]
         insts.append(new)
-        if trace.get_decision(inst) is not None:
-            decisions[new] = trace.get_decision(inst)
-    return Trace(insts, decisions) if changed else trace
+        decision = trace.get_decision(inst)
+        if decision is not None:
+            decisions[new] = decision
+    return Trace(insts, decisions)
 
 
 def replayed(record, mod: tvm.IRModule, target=None):

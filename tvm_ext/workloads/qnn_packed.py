@@ -134,10 +134,6 @@ class PackedEmitter:
         ``qnn_float.FloatQuantGraph``, the fixed point otherwise."""
         return cls(**kwargs, float_epilogues=isinstance(graph, qnn_float.FloatQuantGraph))
 
-    @staticmethod
-    def _fits(weight) -> bool:
-        return pairs_fit_int16(weight)
-
     def input(self, bb, var) -> Packed:
         """A uint8 NHWC input is packed here; a float input (an imported model's) is kept
         for its ``quantize`` step."""
@@ -197,7 +193,7 @@ class PackedEmitter:
         # output channels padded to whole 16-lane blocks with zero weights
         weight = pack_conv_weight(_pad_last(w_hwio, -(-cout // OC_BLOCK) * OC_BLOCK).transpose(3, 0, 1, 2), x.cb)
         acc = bb.emit_te(conv2d_nchwc_acc, x.var, relax.const(weight), stride=stride, pad=pad,
-                         zp_x=zp_in, pairs_fit=self._fits(weight), primfunc_name_hint="conv2d_nchwc")
+                         zp_x=zp_in, pairs_fit=pairs_fit_int16(weight), primfunc_name_hint="conv2d_nchwc")
         return Packed(acc, int(cout), OC_BLOCK)
 
     def _requantize_form(self, consts, attrs):
@@ -266,7 +262,7 @@ class PackedEmitter:
         # all packed rows, so that the 16 output lanes of VNNI tile the units evenly; inputs
         # padded by a flatten of padded channels get zero weights
         weight = pack_dense_weight(_pad_last(w_nk, x.width or w_nk.shape[1]))
-        acc = bb.emit_te(dense_acc, x.var, relax.const(weight), pairs_fit=self._fits(weight),
+        acc = bb.emit_te(dense_acc, x.var, relax.const(weight), pairs_fit=pairs_fit_int16(weight),
                          primfunc_name_hint="dense_packed")
         return Packed(acc, int(w_nk.shape[0]), None, weight.shape[0] * OC_BLOCK)
 
