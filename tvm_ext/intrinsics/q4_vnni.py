@@ -16,8 +16,12 @@ for the whole group.  Forms (``FORMS``, picked per target by ``form_for``):
 
 * ``avx512vnni``: one 512-bit ``vpdpbusd`` per 16 columns and parity;
 * ``avxvnni``: two 256-bit VEX ``vpdpbusd`` (Intel client CPUs since Alder Lake, also Zen 4/5);
-* ``avx2``: ``vpmaddubsw`` (both parities' pairs summed in int16: at most 4 x 15 x 127, exact) and
-  ``vpmaddwd`` by ones, on 256 bits: every x86 CPU since Haswell.
+* ``avx2``: ``vpmaddubsw`` per parity, summed in int16 over the group's 4 words, then one ``vpmaddwd``
+  by ones per 8 columns and token, on 256 bits: every x86 CPU since Haswell.  An int16 lane sums 16
+  products of a nibble (<= 15) and an int8 (>= -128): |sum| <= 30720 < 2^15, so nothing saturates or
+  wraps, for any activation byte.  Per 64 products that is 2 ``vpmaddubsw`` + 2 ``vpaddw`` and a
+  quarter ``vpmaddwd``, where summing each word into int32 took 2 + 1 + 1 (+ 1 ``vpaddd``): the
+  multiply ports, the bound on these CPUs, do 2.25 operations instead of 3.
 
 MB = 1 or NB = 1 tiles have their own descriptions (``compute_at`` drops an extent-1 loop; the tile
 must match the loops left).  ``ahead`` > 0 adds a software prefetch of each weight line that many
@@ -106,41 +110,54 @@ def _desc_one_block():
     return desc
 
 
+def maddubs(a, b):
+    """``vpmaddubsw`` (256-bit): 32 u8 x s8 products, adjacent pairs summed into 16 int16."""
+    return T.call_llvm_pure_intrin("int16x16", T.llvm_lookup_intrinsic_id(MADDUBS), a, b)
+
+
+def widen_pairs(sums):
+    """16 int16 -> 8 int32, adjacent pairs summed (``vpmaddwd`` by ones)."""
+    return T.call_llvm_pure_intrin("int32x8", T.llvm_lookup_intrinsic_id(MADDWD), sums, T.broadcast(T.int16(1), 16))
+
+
 def _product(form: str):
-    """``step(acc, even_nibbles, x_even, odd_nibbles, x_odd)`` on ``FORMS[form]`` int32 lanes."""
-    lanes = FORMS[form]
-    if form != "avx2":
-        dot = vpdpbusd(lanes)
-        return lambda acc, ne, xe, no, xo: dot(dot(acc, ne, xe), no, xo)
-    ones = T.broadcast(T.int16(1), 16)
-
-    def maddubs(a, b):
-        return T.call_llvm_pure_intrin("int16x16", T.llvm_lookup_intrinsic_id(MADDUBS), a, b)
-
-    return lambda acc, ne, xe, no, xo: acc + T.call_llvm_pure_intrin(
-        "int32x8", T.llvm_lookup_intrinsic_id(MADDWD), maddubs(ne, xe) + maddubs(no, xo), ones)
+    """``step(acc, even_nibbles, x_even, odd_nibbles, x_odd)``: one word's products added to ``acc``,
+    ``FORMS[form]`` lanes (int32; on AVX2 int16, the group's sum widened once by ``widen_pairs``)."""
+    if form == "avx2":
+        return lambda acc, ne, xe, no, xo: acc + maddubs(ne, xe) + maddubs(no, xo)
+    dot = vpdpbusd(FORMS[form])
+    return lambda acc, ne, xe, no, xo: dot(dot(acc, ne, xe), no, xo)
 
 
-def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
-    lanes = FORMS[form]
-    step = _product(form)
+def _loads(lanes: int, ahead: int):
+    """The impls' operand reads on ``lanes`` int32 lanes: ``nibbles(w, n, v, h, p)`` (the columns of half h
+    of block n, their nibbles of parity p in word v, one per byte), ``bcast(x, m, v, p)`` (token m's 4
+    activation bytes of word v, parity p, in every lane) and ``ask(w, n, v)`` (a prefetch of the line
+    ``ahead`` bytes further in block n's stream, or nothing)."""
     mask = T.broadcast(T.uint32(0x0F0F0F0F), lanes)
     four = T.broadcast(T.uint32(4), lanes)
-    halves = LANES // lanes
     words_ahead = ahead // (LANES * 4)  # a word row of a column block (16 words) is one 64-byte line
 
-    def nibbles(w, n, v, h, p):  # ``lanes`` columns' nibbles of parity p in word v, one per byte
+    def nibbles(w, n, v, h, p):
         word = w.vload([n, v, h * lanes], f"uint32x{lanes}")
         return T.reinterpret(f"int8x{4 * lanes}", T.bitwise_and(T.shift_right(word, four) if p else word, mask))
 
-    def bcast(x, m, v, p):  # the token's 4 activation bytes of word v, parity p, in every lane
+    def bcast(x, m, v, p):
         return T.reinterpret(f"int8x{4 * lanes}", T.broadcast(
             T.reinterpret(x.vload([m, v, p, 0], "int8x4"), dtype="int32"), lanes))
 
-    def ask(w, n, v):  # the line ``ahead`` bytes further in column block n's stream, or nothing
-        if not words_ahead:
-            return T.int32(0)
-        return prefetch(w, (n, v + words_ahead, 0))
+    def ask(w, n, v):
+        return prefetch(w, (n, v + words_ahead, 0)) if words_ahead else T.int32(0)
+
+    return nibbles, bcast, ask
+
+
+def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
+    """The VNNI forms: each word's products added to the int32 accumulators in place."""
+    if form == "avx2":
+        return _impl_avx2(mb, nb, ahead)
+    lanes, step = FORMS[form], _product(form)
+    nibbles, bcast, ask = _loads(lanes, ahead)
 
     @T.prim_func(s_tir=True)
     def impl(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
@@ -152,11 +169,43 @@ def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
             for v in T.unroll(WORDS):
                 for n in T.unroll(nb):
                     T.evaluate(ask(w, n, v))
-                    for h in T.unroll(halves):
+                    for h in T.unroll(LANES // lanes):
                         for m in T.unroll(mb):
                             c[m, n, T.ramp(h * lanes, 1, lanes)] = step(
                                 c.vload([m, n, h * lanes], f"int32x{lanes}"), nibbles(w, n, v, h, 0),
                                 bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
+
+    return impl
+
+
+def _impl_avx2(mb: int, nb: int, ahead: int = 0):
+    """The AVX2 form (module doc): int16 accumulators for the group (one per token and 8 columns),
+    each word's two ``vpmaddubsw`` added to them, then widened and added to the int32 ones once."""
+    lanes, step = FORMS["avx2"], _product("avx2")
+    nibbles, bcast, ask = _loads(lanes, ahead)
+    halves, pairs = LANES // lanes, 2 * lanes  # pairs: int16 lanes of one vector
+
+    @T.prim_func(s_tir=True)
+    def impl(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
+             w: T.Buffer((nb, WORDS, LANES), "uint32", offset_factor=1),
+             x: T.Buffer((mb, WORDS, 2, 4), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:mb, 0:nb, 0:LANES], w[0:nb, 0:WORDS, 0:LANES], x[0:mb, 0:WORDS, 0:2, 0:4])
+            T.writes(c[0:mb, 0:nb, 0:LANES])
+            acc = T.decl_buffer((mb, nb, halves * pairs), "int16")
+            for n, h, m in T.grid(nb, halves, mb):
+                acc[m, n, T.ramp(h * pairs, 1, pairs)] = T.broadcast(T.int16(0), pairs)
+            for v in T.unroll(WORDS):
+                for n in T.unroll(nb):
+                    T.evaluate(ask(w, n, v))
+                    for h in T.unroll(halves):
+                        for m in T.unroll(mb):
+                            acc[m, n, T.ramp(h * pairs, 1, pairs)] = step(
+                                acc[m, n, T.ramp(h * pairs, 1, pairs)], nibbles(w, n, v, h, 0),
+                                bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
+            for n, h, m in T.grid(nb, halves, mb):
+                c[m, n, T.ramp(h * lanes, 1, lanes)] = c.vload([m, n, h * lanes], f"int32x{lanes}") + widen_pairs(
+                    acc[m, n, T.ramp(h * pairs, 1, pairs)])
 
     return impl
 

@@ -31,50 +31,58 @@ from tvm_ext.rulesets import check_schedules
 PROMPT_FUNCS = ("embed_prompt", "prefill", "head_prompt")
 
 
-def int8_peak(threads: int, form: str = "avx512vnni", chains: int = 24, steps: int = 200_000) -> float:
+def int8_peak(threads: int, form: str = "avx512vnni", chains: int | None = None, steps: int = 200_000) -> float:
     """int8 ops per second (2 per multiply-add) of ``threads`` threads each running ``chains``
     independent chains of the q4 x int8 GEMM's product step in ``form`` (``q4_vnni.FORMS``: two
-    ``vpdpbusd``, or on AVX2 two ``vpmaddubsw`` summed, then ``vpmaddwd``; registers only): the ceiling
-    the GEMM's int8 work can reach with its instructions.  Each step reads its accumulator's bytes as one
-    operand, so no step can be hoisted out of the loop."""
+    ``vpdpbusd``, or on AVX2 two ``vpmaddubsw`` added to int16 sums; registers only): the ceiling the
+    GEMM's int8 work can reach with its instructions (AVX2's once-per-group ``vpmaddwd`` left out, so the
+    ceiling is if anything high).  Each step reads its accumulator's bytes as one operand, so no step can
+    be hoisted out of the loop.  ``chains``: by default as many as fit the registers with the operands
+    (24 of 32 zmm; 12 of 16 ymm on the 256-bit forms: 24 spill there, and the stores become the bound)."""
     import tvm
 
-    from tvm_ext.intrinsics.q4_vnni import FORMS
+    from tvm_ext.intrinsics.q4_vnni import FORMS, LANES
     from tvm_ext.targets import resolve_target
 
     lanes = FORMS[form]
-    lib = tvm.compile(tvm.IRModule({"main": peak_func(threads, form, chains, steps)}), target=resolve_target("llvm"))
+    chains = chains or (24 if lanes == LANES else 12)
+    func = peak_func(threads, form, chains, steps)
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=resolve_target("llvm"))
     dev = tvm.cpu()
-    a = tvm.runtime.tensor(np.zeros((threads, chains, lanes), "int32"), dev)
+    out = func.params[0]
+    a = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], str(out.dtype)), dev)
     w = tvm.runtime.tensor(np.ones(8 * lanes, "int8"), dev)
     sec = min(lib.mod.time_evaluator("main", dev, number=3, repeat=5)(a, w).results)
     return threads * chains * steps * lanes * 8 * 2 / sec  # a step: 2 x 4 x lanes multiply-adds
 
 
 def peak_func(threads: int, form: str, chains: int, steps: int):
-    """The PrimFunc ``int8_peak`` times: out (threads, chains, lanes) int32, w (8 * lanes,) int8 (the two
-    parities' weight bytes: distinct operands, so the two products cannot be merged into one)."""
+    """The PrimFunc ``int8_peak`` times: out (threads, chains, lanes) of the step's accumulator (int32; on
+    AVX2 int16, twice the lanes), w (8 * lanes,) int8 (the two parities' weight bytes: distinct operands,
+    so the two products cannot be merged into one)."""
     from tvm import tirx
     from tvm.script import tirx as T
 
     from tvm_ext.intrinsics.q4_vnni import FORMS, _product
 
-    lanes, step = FORMS[form], _product(form)
+    step, dtype, lanes = _product(form), "int16" if form == "avx2" else "int32", FORMS[form]
+    acc_lanes = 2 * lanes if form == "avx2" else lanes
 
     @T.prim_func
-    def peak(out: T.Buffer((threads, chains, lanes), "int32"), w: T.Buffer((8 * lanes,), "int8")):
+    def peak(out: T.Buffer((threads, chains, acc_lanes), dtype), w: T.Buffer((8 * lanes,), "int8")):
         T.func_attr({"tirx.noalias": True})
         for t in T.parallel(threads):
-            acc = T.decl_buffer((chains, lanes), "int32")
+            acc = T.decl_buffer((chains, acc_lanes), dtype)
             for c in T.unroll(chains):
-                acc[c, T.ramp(0, 1, lanes)] = T.broadcast(c, lanes)
+                acc[c, T.ramp(0, 1, acc_lanes)] = T.broadcast(T.Cast(dtype, c), acc_lanes)
             for _ in range(steps):
                 for c in T.unroll(chains):
-                    a = tirx.reinterpret(f"int8x{4 * lanes}", acc[c, T.ramp(0, 1, lanes)])
-                    acc[c, T.ramp(0, 1, lanes)] = step(acc[c, T.ramp(0, 1, lanes)], a, w[T.ramp(0, 1, 4 * lanes)],
-                                                       a, w[T.ramp(4 * lanes, 1, 4 * lanes)])
+                    a = tirx.reinterpret(f"int8x{4 * lanes}", acc[c, T.ramp(0, 1, acc_lanes)])
+                    acc[c, T.ramp(0, 1, acc_lanes)] = step(acc[c, T.ramp(0, 1, acc_lanes)], a,
+                                                           w[T.ramp(0, 1, 4 * lanes)], a,
+                                                           w[T.ramp(4 * lanes, 1, 4 * lanes)])
             for c in T.unroll(chains):
-                out[t, c, T.ramp(0, 1, lanes)] = acc[c, T.ramp(0, 1, lanes)]
+                out[t, c, T.ramp(0, 1, acc_lanes)] = acc[c, T.ramp(0, 1, acc_lanes)]
 
     return peak
 
