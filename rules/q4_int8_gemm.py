@@ -120,9 +120,10 @@ def sketches(p: Q4GemmPattern, form: str = "avx512vnni") -> list:
     """Every (MB, NB, prefetch bytes) the rule offers for ``p``, the default first.  Many tokens: 4 x 2
     with 512-bit vpdpbusd and with AVX2, 2 x 2 with 256-bit vpdpbusd (16 vector registers without
     AVX-512: its 4 x 2 tiles spill), no prefetch.  AVX2's 4 x 2 spills too, but its unpacked words
-    serve 4 tokens: 4-10 % faster than 2 x 2 on the 4 Phi-2 GEMMs at 512 tokens (Zen 3, 2 threads).  One token: 1 x 1 prefetching 8 KiB ahead, then the
-    other distances and wider tiles.  AMX forms: 16 tokens (all of them below 16) x 4, 2, 1 column
-    blocks; none where 16 does not divide M > 16 (``q4_amx.token_tile``) or M = 1."""
+    serve 4 tokens: 4-10 % faster than 2 x 2 on the 4 Phi-2 GEMMs at 512 tokens (Zen 3, 2 threads).
+    One token: 1 x 1 prefetching 8 KiB ahead, then the other distances and wider tiles.  AMX forms:
+    16 tokens (all of them below 16) x 4, 2, 1 column blocks; none where 16 does not divide M > 16
+    (``q4_amx.token_tile``) or M = 1."""
     if form in q4_amx.FORMS:
         mb = q4_amx.token_tile(p.tokens)
         nbs = sorted((n for n in q4_amx.COLUMN_TILES if p.column_blocks % n == 0),
