@@ -118,10 +118,10 @@ def column_tiles(p: Q4GemmPattern) -> list:
 
 def sketches(p: Q4GemmPattern, form: str = "avx512vnni") -> list:
     """Every (MB, NB, prefetch bytes) the rule offers for ``p``, the default first.  Many tokens: 4 x 2
-    with 512-bit vpdpbusd and with AVX2, 2 x 2 with 256-bit vpdpbusd (16 vector registers without
-    AVX-512: its 4 x 2 tiles spill), no prefetch.  AVX2's 4 x 2 spills too, but its unpacked words
-    serve 4 tokens: 4-10 % faster than 2 x 2 on the 4 Phi-2 GEMMs at 512 tokens (Zen 3, 2 threads).
-    One token: 1 x 1 prefetching 8 KiB ahead, then the other distances and wider tiles.  AMX forms:
+    with 512-bit vpdpbusd, 2 x 2 with 256-bit forms (16 vector registers without AVX-512: 4 x 2 tiles
+    spill; on Zen 3 the AVX2 form's 4 x 2 ran level with 2 x 2 on float32 scales and up to 1.2x its
+    time on the model's float16 ones), no prefetch.  One token: 1 x 1 prefetching 8 KiB ahead, then the
+    other distances and wider tiles.  AMX forms:
     16 tokens (all of them below 16) x 4, 2, 1 column blocks; none where 16 does not divide M > 16
     (``q4_amx.token_tile``) or M = 1."""
     if form in q4_amx.FORMS:
@@ -132,7 +132,7 @@ def sketches(p: Q4GemmPattern, form: str = "avx512vnni") -> list:
     mbs, nbs = token_tiles(p), column_tiles(p)
     if p.tokens == 1:
         return [(1, n, a) for n in nbs for a in sorted(q4_vnni.AHEAD, reverse=True) if n == 1 or a]
-    default_mb = 2 if form == "avxvnni" else DEFAULT_MB
+    default_mb = DEFAULT_MB if q4_vnni.FORMS[form] == q4_vnni.LANES else 2
     first = (max(m for m in mbs if m <= default_mb), max(n for n in nbs if n <= DEFAULT_NB), 0)
     return [first] + [(m, n, 0) for m in mbs for n in nbs if (m, n, 0) != first]
 

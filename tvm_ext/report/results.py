@@ -170,7 +170,7 @@ def int8_peak_tops(doc) -> float | None:
     return doc.get("int8_peak_tops", doc.get("vnni_peak_tops"))
 
 
-PEAK_INSTRUCTIONS = {"avx512vnni": "vpdpbusd", "avxvnni": "vpdpbusd on 256 bits", "avx2": "vpmaddubsw + vpmaddwd"}
+PEAK_INSTRUCTIONS = {"avx512vnni": "vpdpbusd", "avxvnni": "vpdpbusd on 256 bits", "avx2": "vpmaddubsw into int16 sums"}
 
 
 def peak_instructions(doc) -> str:

@@ -15,7 +15,7 @@ token through the float decode step (``rule``): the first token after the prompt
 after it are compared with each row's.
 
 ``int8_peak`` measures the host's rate of the GEMM's product step (``vpdpbusd``, or AVX2's
-``vpmaddubsw`` and ``vpmaddwd``): independent accumulator chains, all threads, no memory traffic (the
+``vpmaddubsw`` into int16 sums): independent accumulator chains, all threads, no memory traffic (the
 ceiling a GEMM's int8 work can reach).
 """
 from __future__ import annotations
