@@ -1,8 +1,9 @@
 """Small helpers the tests share: targets, the seed's requantize kernel, seeded design spaces.
 
-Importing this module imports TVM's tensor intrinsics the fast way: the first
-``ms.TuneContext`` of a process imports them anyway, which without
-``tvm_ext.intrinsics.fast_import`` costs 30-50 s inside pytest (whichever test came first).
+Importing this module imports TVM's CPU tensor intrinsics the fast way: the first
+``ms.TuneContext`` of a process imports the package anyway, which without
+``tvm_ext.intrinsics.fast_import`` costs 30-50 s inside pytest (whichever test came first); a CUDA
+space (``tvm_ext.space``) imports the GPU families when it is made.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tvm.script import tirx as T
 
 from tvm_ext.intrinsics.fast_import import import_tensor_intrinsics
 
-import_tensor_intrinsics()
+import_tensor_intrinsics(gpu=False)
 
 CUDA = {"kind": "cuda", "arch": "sm_80", "max_threads_per_block": 1024,
         "max_shared_memory_per_block": 49152, "thread_warp_size": 32}

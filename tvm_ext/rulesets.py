@@ -206,10 +206,10 @@ def space(target: tvm.target.Target, ruleset: str = "plugin",
     ``postprocs``: the list ``default_postprocs(target, ruleset)`` made by the caller, who
     keeps the Python objects (the space hands back TVM's wrappers, without our methods such
     as ``VerifyGPUCode.reason_counts``).  Also imports TVM's tensor intrinsics the fast way
-    (see ``tvm_ext.intrinsics.fast_import``), so that the ``ms.TuneContext`` this space goes
-    into does not spend ~40 s importing them.
+    (see ``tvm_ext.intrinsics.fast_import``; for an llvm target its CPU families only), so that
+    the ``ms.TuneContext`` this space goes into does not spend ~40 s importing them.
     """
-    import_tensor_intrinsics()
+    import_tensor_intrinsics(gpu=target_kind(target) != "llvm")
     return ms.space_generator.PostOrderApply(
         sch_rules=default_rules(target, ruleset),
         postprocs=default_postprocs(target, ruleset) if postprocs is None else postprocs,
