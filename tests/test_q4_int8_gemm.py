@@ -143,8 +143,7 @@ def test_avx2_form(m):
                                atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("fill", ["random", -128, 127])
-def test_avx2_form_is_exact_for_every_activation_byte(fill):
+def test_avx2_form_is_exact_for_every_activation_byte():
     """The AVX2 form sums a group's 32 products in int16 lanes (16 each: at most 15 x 128 x 16 = 30720);
     every tile, fed int8 activations of the whole range and nibbles of 15 at the extremes, must give the
     integer dot exactly (unit scales, no correction, no bias: y is the dot).  Summing two groups in int16,
@@ -152,23 +151,23 @@ def test_avx2_form_is_exact_for_every_activation_byte(fill):
     rng = np.random.default_rng(3)
     sch = Schedule(tvm.IRModule({"main": g.gemm(M, N, K)}))
     p = rule.match(sch, sch.get_sblock(g.DOT_BLOCK))
-    if fill == "random":
-        xq = rng.integers(-128, 128, (M, K // 8, 2, 4)).astype("int8")
-        wq = rng.integers(0, 2**32, (N // 16, K // 8, 16), dtype=np.uint64).astype("uint32")
-    else:
-        xq = np.full((M, K // 8, 2, 4), fill, "int8")
-        wq = np.full((N // 16, K // 8, 16), 0xFFFFFFFF, "uint32")
+    cases = [(rng.integers(-128, 128, (M, K // 8, 2, 4)).astype("int8"),
+              rng.integers(0, 2**32, (N // 16, K // 8, 16), dtype=np.uint64).astype("uint32"))]
+    cases += [(np.full((M, K // 8, 2, 4), x, "int8"), np.full((N // 16, K // 8, 16), 0xFFFFFFFF, "uint32"))
+              for x in (-128, 127)]
     shifts = (8 * np.arange(4)[None, :] + 4 * np.arange(2)[:, None]).astype("uint32")  # [p, b]
-    nibbles = (wq[..., None, None] >> shifts) & 15  # (N/16, K/8, 16, 2, 4)
-    want = np.einsum("nvipb,mvpb->mni", nibbles.astype(np.int64), xq.astype(np.int64)).reshape(M, N)
     dev = tvm.cpu()
-    ones = (np.ones((M, K // 32), "float32"), np.zeros((M, K // 32), "int32"), wq,
-            np.ones((N // 16, K // 32, 16), "float32"), np.zeros(N, "float32"))
     for sketch in rule.sketches(p, "avx2"):
-        y = tvm.runtime.tensor(np.zeros((1, M, N), "float32"), dev)
-        tvm.compile(_scheduled(g.gemm(M, N, K), (*sketch, 1), form="avx2"), target=HOST)["main"](
-            *[tvm.runtime.tensor(a, dev) for a in (xq, *ones)], y)
-        np.testing.assert_array_equal(y.numpy()[0], want.astype("float32"), err_msg=str(sketch))
+        kernel = tvm.compile(_scheduled(g.gemm(M, N, K), (*sketch, 1), form="avx2"), target=HOST)["main"]
+        for xq, wq in cases:
+            nibbles = (wq[..., None, None] >> shifts) & 15  # (N/16, K/8, 16, 2, 4)
+            want = np.einsum("nvipb,mvpb->mni", nibbles.astype(np.int64), xq.astype(np.int64)).reshape(M, N)
+            y = tvm.runtime.tensor(np.zeros((1, M, N), "float32"), dev)
+            kernel(*[tvm.runtime.tensor(a, dev) for a in (xq, np.ones((M, K // 32), "float32"),
+                                                          np.zeros((M, K // 32), "int32"), wq,
+                                                          np.ones((N // 16, K // 32, 16), "float32"),
+                                                          np.zeros(N, "float32"))], y)
+            np.testing.assert_array_equal(y.numpy()[0], want.astype("float32"), err_msg=str((sketch, xq.flat[0])))
 
 
 @pytest.mark.parametrize("epilogue", g.EPILOGUES)
