@@ -22,7 +22,14 @@ CTX = 16
 
 
 def _run(wl, pairs):
-    return pk.verify(wl, pairs, "llvm", tvm.cpu(0))
+    """``pk.verify`` on ``wl``, which must leave ``wl.mod`` as it was (the module fixtures share it: a
+    kernel substituted by one test would be what the next one checks)."""
+    import tvm_ffi
+
+    before = tvm_ffi.structural_hash(wl.mod)
+    result = pk.verify(wl, pairs, "llvm", tvm.cpu(0))
+    assert tvm_ffi.structural_hash(wl.mod) == before, "verify changed the workload's module"
+    return result
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["unfused", "fused"])
