@@ -60,19 +60,14 @@ def _desc(mb: int, nb: int):
     if mb == 1:
         return _desc_one_token(nb)
 
-    @T.prim_func(s_tir=True)
-    def desc(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
-             w: T.Buffer((nb, WORDS, LANES), "uint32", offset_factor=1),
-             x: T.Buffer((mb, WORDS, 2, 4), "int8", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:mb, 0:nb, 0:LANES], w[0:nb, 0:WORDS, 0:LANES], x[0:mb, 0:WORDS, 0:2, 0:4])
-            T.writes(c[0:mb, 0:nb, 0:LANES])
-            for m, n, i, v, p, b in T.grid(mb, nb, LANES, WORDS, 2, 4):
-                with T.sblock("update"):
-                    vm, vn, vi, vv, vp, vb = T.axis.remap("SSSRRR", [m, n, i, v, p, b])
-                    c[vm, vn, vi] = _update(c, w, x, vm, vn, vv, vi, vp, vb)
+    @T.macro
+    def body(c, w, x):
+        for m, n, i, v, p, b in T.grid(mb, nb, LANES, WORDS, 2, 4):
+            with T.sblock("update"):
+                vm, vn, vi, vv, vp, vb = T.axis.remap("SSSRRR", [m, n, i, v, p, b])
+                c[vm, vn, vi] = _update(c, w, x, vm, vn, vv, vi, vp, vb)
 
-    return desc
+    return _tile_func(mb, nb, body)
 
 
 def _desc_one_token(nb: int):
@@ -152,6 +147,22 @@ def _loads(lanes: int, ahead: int):
     return nibbles, bcast, ask
 
 
+def _tile_func(mb: int, nb: int, body):
+    """A tile PrimFunc on the whole (MB, NB) buffers (every implementation, and the description where
+    MB > 1): the buffers and regions they share, ``body(c, w, x)`` (a ``T.macro``) inside."""
+
+    @T.prim_func(s_tir=True)
+    def tile(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
+             w: T.Buffer((nb, WORDS, LANES), "uint32", offset_factor=1),
+             x: T.Buffer((mb, WORDS, 2, 4), "int8", offset_factor=1)) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:mb, 0:nb, 0:LANES], w[0:nb, 0:WORDS, 0:LANES], x[0:mb, 0:WORDS, 0:2, 0:4])
+            T.writes(c[0:mb, 0:nb, 0:LANES])
+            body(c, w, x)
+
+    return tile
+
+
 def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
     """The VNNI forms: each word's products added to the int32 accumulators in place."""
     if form == "avx2":
@@ -159,23 +170,18 @@ def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
     lanes, step = FORMS[form], _product(form)
     nibbles, bcast, ask = _loads(lanes, ahead)
 
-    @T.prim_func(s_tir=True)
-    def impl(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
-             w: T.Buffer((nb, WORDS, LANES), "uint32", offset_factor=1),
-             x: T.Buffer((mb, WORDS, 2, 4), "int8", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:mb, 0:nb, 0:LANES], w[0:nb, 0:WORDS, 0:LANES], x[0:mb, 0:WORDS, 0:2, 0:4])
-            T.writes(c[0:mb, 0:nb, 0:LANES])
-            for v in T.unroll(WORDS):
-                for n in T.unroll(nb):
-                    T.evaluate(ask(w, n, v))
-                    for h in T.unroll(LANES // lanes):
-                        for m in T.unroll(mb):
-                            c[m, n, T.ramp(h * lanes, 1, lanes)] = step(
-                                c.vload([m, n, h * lanes], f"int32x{lanes}"), nibbles(w, n, v, h, 0),
-                                bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
+    @T.macro
+    def body(c, w, x):
+        for v in T.unroll(WORDS):
+            for n in T.unroll(nb):
+                T.evaluate(ask(w, n, v))
+                for h in T.unroll(LANES // lanes):
+                    for m in T.unroll(mb):
+                        c[m, n, T.ramp(h * lanes, 1, lanes)] = step(
+                            c.vload([m, n, h * lanes], f"int32x{lanes}"), nibbles(w, n, v, h, 0),
+                            bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
 
-    return impl
+    return _tile_func(mb, nb, body)
 
 
 def _impl_avx2(mb: int, nb: int, ahead: int = 0):
@@ -185,29 +191,24 @@ def _impl_avx2(mb: int, nb: int, ahead: int = 0):
     nibbles, bcast, ask = _loads(lanes, ahead)
     halves, pairs = LANES // lanes, 2 * lanes  # pairs: int16 lanes of one vector
 
-    @T.prim_func(s_tir=True)
-    def impl(c: T.Buffer((mb, nb, LANES), "int32", offset_factor=1),
-             w: T.Buffer((nb, WORDS, LANES), "uint32", offset_factor=1),
-             x: T.Buffer((mb, WORDS, 2, 4), "int8", offset_factor=1)) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:mb, 0:nb, 0:LANES], w[0:nb, 0:WORDS, 0:LANES], x[0:mb, 0:WORDS, 0:2, 0:4])
-            T.writes(c[0:mb, 0:nb, 0:LANES])
-            acc = T.decl_buffer((mb, nb, halves * pairs), "int16")
-            for n, h, m in T.grid(nb, halves, mb):
-                acc[m, n, T.ramp(h * pairs, 1, pairs)] = T.broadcast(T.int16(0), pairs)
-            for v in T.unroll(WORDS):
-                for n in T.unroll(nb):
-                    T.evaluate(ask(w, n, v))
-                    for h in T.unroll(halves):
-                        for m in T.unroll(mb):
-                            acc[m, n, T.ramp(h * pairs, 1, pairs)] = step(
-                                acc[m, n, T.ramp(h * pairs, 1, pairs)], nibbles(w, n, v, h, 0),
-                                bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
-            for n, h, m in T.grid(nb, halves, mb):
-                c[m, n, T.ramp(h * lanes, 1, lanes)] = c.vload([m, n, h * lanes], f"int32x{lanes}") + widen_pairs(
-                    acc[m, n, T.ramp(h * pairs, 1, pairs)])
+    @T.macro
+    def body(c, w, x):
+        acc = T.decl_buffer((mb, nb, halves * pairs), "int16")
+        for n, h, m in T.grid(nb, halves, mb):
+            acc[m, n, T.ramp(h * pairs, 1, pairs)] = T.broadcast(T.int16(0), pairs)
+        for v in T.unroll(WORDS):
+            for n in T.unroll(nb):
+                T.evaluate(ask(w, n, v))
+                for h in T.unroll(halves):
+                    for m in T.unroll(mb):
+                        acc[m, n, T.ramp(h * pairs, 1, pairs)] = step(
+                            acc[m, n, T.ramp(h * pairs, 1, pairs)], nibbles(w, n, v, h, 0),
+                            bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
+        for n, h, m in T.grid(nb, halves, mb):
+            c[m, n, T.ramp(h * lanes, 1, lanes)] = c.vload([m, n, h * lanes], f"int32x{lanes}") + widen_pairs(
+                acc[m, n, T.ramp(h * pairs, 1, pairs)])
 
-    return impl
+    return _tile_func(mb, nb, body)
 
 
 def register(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0) -> str:
