@@ -69,7 +69,7 @@ def test_reference_unscheduled(decode):
 # the schedule each fused kernel gets in test_scheduling, our rules' fused kernels in test_dequant_gemv.
 @pytest.mark.parametrize("fusion", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["unfused", "fused"])
 def test_dlight(fusion):
-    wl = phi2.build_decode(context=CTX, config="reduced", fusion=fusion)  # its own: _run puts the schedules in
+    wl = phi2.build_decode(context=CTX, config="reduced", fusion=fusion)  # not the fixture's: its fused case is slow
     ks = phi2.kernels(wl)
     target = resolve_target("llvm")
     pairs, rules = [], set()

@@ -163,47 +163,46 @@ def _tile_func(mb: int, nb: int, body):
     return tile
 
 
-def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
-    """The VNNI forms: each word's products added to the int32 accumulators in place."""
-    if form == "avx2":
-        return _impl_avx2(mb, nb, ahead)
+def _add_words(mb: int, nb: int, form: str, ahead: int, width: int):
+    """A ``T.macro`` ``(acc, w, x)``: each of the group's words' products (``_product(form)``) added to
+    ``acc``, whose [m, n] row holds ``width`` accumulator lanes per ``FORMS[form]`` columns."""
     lanes, step = FORMS[form], _product(form)
     nibbles, bcast, ask = _loads(lanes, ahead)
 
     @T.macro
-    def body(c, w, x):
+    def add_words(acc, w, x):
         for v in T.unroll(WORDS):
             for n in T.unroll(nb):
                 T.evaluate(ask(w, n, v))
                 for h in T.unroll(LANES // lanes):
                     for m in T.unroll(mb):
-                        c[m, n, T.ramp(h * lanes, 1, lanes)] = step(
-                            c.vload([m, n, h * lanes], f"int32x{lanes}"), nibbles(w, n, v, h, 0),
+                        acc[m, n, T.ramp(h * width, 1, width)] = step(
+                            acc[m, n, T.ramp(h * width, 1, width)], nibbles(w, n, v, h, 0),
                             bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
 
-    return _tile_func(mb, nb, body)
+    return add_words
+
+
+def _impl(mb: int, nb: int, form: str = "avx512vnni", ahead: int = 0):
+    """The VNNI forms: each word's products added to the int32 accumulators in place."""
+    if form == "avx2":
+        return _impl_avx2(mb, nb, ahead)
+    return _tile_func(mb, nb, _add_words(mb, nb, form, ahead, FORMS[form]))
 
 
 def _impl_avx2(mb: int, nb: int, ahead: int = 0):
     """The AVX2 form (module doc): int16 accumulators for the group (one per token and 8 columns),
     each word's two ``vpmaddubsw`` added to them, then widened and added to the int32 ones once."""
-    lanes, step = FORMS["avx2"], _product("avx2")
-    nibbles, bcast, ask = _loads(lanes, ahead)
+    lanes = FORMS["avx2"]
     halves, pairs = LANES // lanes, 2 * lanes  # pairs: int16 lanes of one vector
+    add_words = _add_words(mb, nb, "avx2", ahead, pairs)
 
     @T.macro
     def body(c, w, x):
         acc = T.decl_buffer((mb, nb, halves * pairs), "int16")
         for n, h, m in T.grid(nb, halves, mb):
             acc[m, n, T.ramp(h * pairs, 1, pairs)] = T.broadcast(T.int16(0), pairs)
-        for v in T.unroll(WORDS):
-            for n in T.unroll(nb):
-                T.evaluate(ask(w, n, v))
-                for h in T.unroll(halves):
-                    for m in T.unroll(mb):
-                        acc[m, n, T.ramp(h * pairs, 1, pairs)] = step(
-                            acc[m, n, T.ramp(h * pairs, 1, pairs)], nibbles(w, n, v, h, 0),
-                            bcast(x, m, v, 0), nibbles(w, n, v, h, 1), bcast(x, m, v, 1))
+        add_words(acc, w, x)
         for n, h, m in T.grid(nb, halves, mb):
             c[m, n, T.ramp(h * lanes, 1, lanes)] = c.vload([m, n, h * lanes], f"int32x{lanes}") + widen_pairs(
                 acc[m, n, T.ramp(h * pairs, 1, pairs)])
