@@ -226,7 +226,7 @@ def _prefill_on_cpu(args, out) -> int:
     log(PREFILL_CPU_NOTE)
     ns = Namespace(prompt=128, tokens=4, context=0, config=args.config, layers=None, seed=args.seed, threads=None,
                    peers=args.peers or "", database=args.logs_dir, tune=0 if args.from_logs else (args.trials or 0),
-                   rounds=args.rounds or 3, out=out, json=False, quiet=False, schedule=None)
+                   rounds=args.rounds or 3, out=out, json=False, quiet=False, schedule=None, prefill_attention="fused")
     if not ns.tune and not os.path.isdir(int8_database(ns)):
         ns.schedule = "int8"  # no tuning database here: the untuned rules only
     return run_prompt(ns, note=PREFILL_CPU_NOTE)

@@ -47,11 +47,16 @@ def add_parser(sub) -> None:
                         f"else the saved {SAVED_INT8_DATABASE} where it exists)")
     p.add_argument("--prompt", type=count, default=0, metavar="N",
                    help="prompt processing: N prompt tokens (even) through every layer at once (int8 activations, "
-                        "the q4 x int8 GEMM rule: AVX-512 VNNI), then TOKENS decoded from the cache it wrote; "
-                        "prints prompt tok/s, time to first token, the GEMMs' int8 TOPS against the host's "
-                        "measured vpdpbusd peak, and the float path's tokens (the prompt fed token by token) "
+                        "the q4 x int8 GEMM rule: AVX-512 VNNI, AVX-VNNI or AVX2), then TOKENS decoded from the "
+                        "cache it wrote; prints prompt tok/s, time to first token, the GEMMs' int8 TOPS against the "
+                        "host's measured peak of their instructions, and the float path's tokens (the prompt fed "
+                        "token by token) "
                         "beside the rows'. --schedule then takes int8 (our rules untuned) and tuned "
                         "(default both)")
+    p.add_argument("--prefill-attention", default="fused", choices=("fused", "unfused"),
+                   help="with --prompt: fused (default): the prompt's causal attention as one kernel that computes "
+                        "only the unmasked half, a block of queries at a time; unfused: scores, softmax and values "
+                        "as three kernels over the whole square, masked (what it was before; for comparison)")
     p.add_argument("--tune", type=count, default=0, metavar="TRIALS",
                    help="first tune the int8 model's kernels TRIALS trials each (resumable) into --database "
                         f"(default {INT8_DATABASE}) through tvm_ext.space, each starting from our rules' "

@@ -48,7 +48,8 @@ def run_prompt(args, note: str | None = None) -> int:
     quiet = (lambda msg: None) if args.quiet else log
     out = prompt_rows(schedules, config=args.config, layers=args.layers, prompt=args.prompt, tokens=args.tokens,
                       context=context, threads=args.threads, log=quiet, seed=args.seed, database=database,
-                      tune_trials=args.tune, ort="ort" in peers, repeat=args.rounds, target=target_of(args))
+                      tune_trials=args.tune, ort="ort" in peers, repeat=args.rounds, target=target_of(args),
+                      prefill_attention=args.prefill_attention)
     out["database"] = database if "tuned" in schedules else None
     if note:
         out["note"] = note
@@ -67,7 +68,8 @@ def format_prompt_table(d, top: int = 6) -> str:
     host = d["device"]
     rows = d["rows"]
     head = (f"phi2 prompt processing, {d['config']}: {d['layers']} layers, {d['prompt']} prompt tokens after "
-            f"{d['context']} past positions, then {d['tokens']} decoded; {d['threads']} threads, "
+            f"{d['context']} past positions, then {d['tokens']} decoded, attention "
+            f"{d.get('prefill_attention', 'unfused')}; {d['threads']} threads, "
             f"{host.get('cpu_name', 'cpu')} (llvm {host.get('mcpu', '?')})")
     peer_rows = [(p["peer"], r) for p in d.get("peers", []) for r in p["rows"] if r["n_prompt"] == d["prompt"]]
     best = max(r["tok_s"] for r in rows)

@@ -157,12 +157,13 @@ def _timed_prompt(dec, prompt, context, tokens, repeat, log):
 
 def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tokens=16, context=0, threads=None,
                 log=print, target="llvm", seed=0, database=None, repeat=3, reference=True, tune_trials=0,
-                ort=False) -> dict:
+                ort=False, prefill_attention="fused") -> dict:
     """Run each of ``schedules`` on the same prompt (see the module doc); one JSON-able dict.
     ``tune_trials``: first tune the model's prompt kernels that many trials each into ``database``
     (the kernels depend on prompt, context + prompt + tokens and config: tune with the same).
     ``ort``: also ONNX Runtime's MatMulNBits on each projection's shape (``ort_gemms``), each row's
-    GEMMs compared with it (``gemm_vs_ort``: our ms / ORT's, per projection)."""
+    GEMMs compared with it (``gemm_vs_ort``: our ms / ORT's, per projection).  ``prefill_attention``:
+    ``model.build_model``'s (fused or unfused)."""
     import tvm
 
     from tvm_ext.targets import describe_host, physical_cores
@@ -179,7 +180,8 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     set_threads(threads)
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
     capacity = context + prompt + tokens
-    model = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="int8", prompt=prompt)
+    model = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="int8", prompt=prompt,
+                           prefill_attention=prefill_attention)
     ids = [int(t) for t in np.random.default_rng([seed, 7]).integers(model.cfg["vocab"], size=prompt)]
     if tune_trials:
         from tvm_ext.bench.cycled import CycledTimer
@@ -200,6 +202,7 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
         rows.append(row)
         log(f"{how}: prefill {row['tok_s']:.1f} tok/s, first token after {row['ttft_s']:.2f} s")
     out = {"config": config, "layers": layers, "prompt": prompt, "context": context, "tokens": tokens,
+           "prefill_attention": model.prefill_attention,
            "threads": threads, "device": describe_host(), "rows": rows}
     if ort:
         out["ort_gemms"] = ort_gemms(model, prompt, threads, log=log)

@@ -140,11 +140,12 @@ def _write_int8(capacity, tokens, heads, head_dim, dtype):
     return kv_write_int8
 
 
-def cached_attention(bb, cfg, caches, pos, write, dtype: str, written: list):
+def cached_attention(bb, cfg, caches, pos, write, dtype: str, written: list, fused: bool = False):
     """``layers.emit_layer``'s ``attend`` for a layer with a KV cache: rope on q and k, the new keys and values
     written into the cache arrays ``caches`` (Relax vars, ``cache_types``' order) from ``pos`` in place by
     ``write`` (the written arrays appended to ``written`` in the same order), attention over the whole cache,
-    masked after ``pos``."""
+    masked after ``pos``; with ``fused``, over the keys up to ``pos`` + the new tokens only, as one x86 kernel
+    (``prefill_attention.py``; float32 activations)."""
     from tvm import relax
 
     from .layers import attention, emit_rope_qkv
@@ -154,12 +155,28 @@ def cached_attention(bb, cfg, caches, pos, write, dtype: str, written: list):
         if len(caches) == 2:
             for cache, new in zip(caches, (k, v)):
                 written.append(bb.emit(relax.call_tir_inplace(write, [cache, new, pos], 0, cache.ty)))
-            return attention(bb, q, written[0], written[1], cfg["head_dim"], dtype, mask_past=pos)
-        kc, vc, ks, vs = caches
-        out = [bb.emit(relax.call_tir_inplace(write, [c, s, new, pos], [0, 1], [c.ty, s.ty]))
-               for c, s, new in ((kc, ks, k), (vc, vs, v))]
-        written.extend(bb.emit(relax.TupleGetItem(o, i)) for i in (0, 1) for o in out)  # k, v, k_scale, v_scale
-        return attention(bb, q, written[0], written[1], cfg["head_dim"], dtype, mask_past=pos,
-                         scales=(written[2], written[3]))
+            scales = None
+        else:
+            kc, vc, ks, vs = caches
+            out = [bb.emit(relax.call_tir_inplace(write, [c, s, new, pos], [0, 1], [c.ty, s.ty]))
+                   for c, s, new in ((kc, ks, k), (vc, vs, v))]
+            written.extend(bb.emit(relax.TupleGetItem(o, i)) for i in (0, 1) for o in out)  # k, v, k_scale, v_scale
+            scales = (written[2], written[3])
+        if fused:
+            return _fused_attention(bb, cfg, q, written, pos)
+        return attention(bb, q, written[0], written[1], cfg["head_dim"], dtype, mask_past=pos, scales=scales)
 
     return attend
+
+
+def _fused_attention(bb, cfg, q, written, pos):
+    from tvm import relax
+
+    from .prefill_attention import prefill_attention
+
+    _, n, heads, head_dim = (int(v) for v in q.ty.shape.values)
+    capacity = int(written[0].ty.shape.values[1])
+    kv_dtype = str(written[0].ty.dtype)
+    func = prefill_attention(n, capacity, heads, head_dim, kv_dtype)
+    gv = bb.add_func(func, f"prefill_attention_{kv_dtype}")
+    return bb.emit(relax.call_tir(gv, [q, *written, pos], relax.TensorType((1, n, heads * head_dim), "float32")))

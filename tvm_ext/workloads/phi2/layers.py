@@ -208,21 +208,31 @@ def _te_exp_nonpositive(x, name="softmax_exp"):
     Fewer vector operations than ``topi.fast_exp`` (no upper clamp, one rounding, no final max): a decode
     softmax over 513 keys a tenth faster, cache-hot.  Other dtypes:
     ``topi.fast_exp``."""
-    from tvm import te, tirx, topi
+    from tvm import te, topi
 
     if x.dtype != "float32":
         return topi.fast_exp(x)
+    return te.compute(x.shape, lambda *i: exp_nonpositive(x(*i)), name=name)
 
-    def f(*i):
-        t = tirx.max(x(*i), tirx.const(-88.02, "float32")) * tirx.const(1.4426950408889634, "float32")
-        n = tirx.nearbyint(t)
-        r = t - n
-        p = tirx.const(EXP2_POLY[0], "float32")
-        for c in EXP2_POLY[1:]:
-            p = p * r + tirx.const(c, "float32")
-        return p * tirx.reinterpret("float32", (tirx.Cast("int32", n) + 127) << 23)
 
-    return te.compute(x.shape, f, name=name)
+def exp_nonpositive(x, lanes: int = 1):
+    """``_te_exp_nonpositive``'s arithmetic on one float32 expression ``x``: a scalar, or a vector of
+    ``lanes`` (the fused prefill attention's softmax works on 8 lanes at once)."""
+    from tvm import tirx
+
+    f32, i32 = ("float32", "int32") if lanes == 1 else (f"float32x{lanes}", f"int32x{lanes}")
+
+    def const(c, dtype="float32"):
+        v = tirx.const(c, dtype)
+        return v if lanes == 1 else tirx.Broadcast(v, lanes)
+
+    t = tirx.max(x, const(-88.02)) * const(1.4426950408889634)
+    n = tirx.nearbyint(t)
+    r = t - n
+    p = const(EXP2_POLY[0])
+    for c in EXP2_POLY[1:]:
+        p = p * r + const(c)
+    return p * tirx.reinterpret(f32, (tirx.Cast(i32, n) + const(127, "int32")) << const(23, "int32"))
 
 
 def _te_softmax(s, past=None, scales=None):

@@ -36,12 +36,14 @@ import numpy as np
 
 from .kernels import lower
 from .kv_cache import cache_types, cached_attention, check_kv_dtype, kv_bytes, quantize_np, writer
+from .prefill_attention import supported
 from .layers import (CONFIGS, GROUP, arch, emit_head, emit_layer, embed_weights, head_weights, in_format,
                      layer_weights, q4_value, reference_head, reference_layer, weight_np)
 
 DEFAULT_LAYERS = {"full": 32, "reduced": 2}
 LAYER_WEIGHTS = ("ln_g", "ln_b", "qkv", "dense", "fc1", "fc2")
 DTYPE = "float32"
+PREFILL_ATTENTION = ("fused", "unfused")
 MAX_POSITIONS = 2048  # Phi-2's context window (max_position_embeddings)
 
 
@@ -58,6 +60,7 @@ class Phi2Model:
     dtype: str = DTYPE  # activations, caches, biases and LayerNorm (float16 in ``step``'s GPU build)
     source: object = None  # a checkpoint's weights (layer_weights(i), head_weights(), embed_weights()); None: random
     kv_dtype: str = DTYPE  # the KV cache's storage (kv_cache.KV_DTYPES); the attention computes in ``dtype``
+    prefill_attention: str = "unfused"  # the compiled prefill's attention (PREFILL_ATTENTION; see build_model)
 
     def layer_weights(self, i):
         """NumPy weights of layer ``i`` (regenerated, or read from the checkpoint, on each call)."""
@@ -124,16 +127,21 @@ def check_config(config, layers, capacity):
 
 
 def build_model(config="full", layers=None, capacity=512, seed=0, compute="float", prompt=0,
-                source=None, kv_dtype=DTYPE) -> Phi2Model:
+                source=None, kv_dtype=DTYPE, prefill_attention="fused") -> Phi2Model:
     """The lowered (FuseOps + FuseTIR) Relax module of the decode step, and the weights' recipe.
     ``config``: a name in ``CONFIGS`` or an architecture (``arch.architecture``); ``source``: the
     weights of a checkpoint (``checkpoint.py``; default random from ``seed``).
     ``compute="int8"``: the projections quantize their activations to int8 (same weights and
     parameters; ``layers.projector``; q4 weights only).  ``prompt``: also compile a prefill of that many
     tokens (even; with int8 its projections are the q4 x int8 GEMM on repacked weights).  ``kv_dtype``: the KV
-    cache's storage, float32, float16 or int8 (``kv_cache.py``)."""
+    cache's storage, float32, float16 or int8 (``kv_cache.py``).  ``prefill_attention``: "fused" -- the int8
+    prefill's attention as one x86 kernel that skips the masked half (``prefill_attention.py``; the int8 path
+    runs on x86 CPUs only, and where the kernel does not take the shape it stays unfused) -- or "unfused":
+    scores, softmax and values as three kernels our rules schedule (the float prefill's always)."""
     name, cfg = resolve_config(config)
     check_kv_dtype(kv_dtype)
+    if prefill_attention not in PREFILL_ATTENTION:
+        raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}, not {prefill_attention!r}")
     layers = DEFAULT_LAYERS.get(name, 1) if layers is None else int(layers)
     check_config(config, layers, capacity)
     if compute == "int8" and arch(cfg, "weights") != "q4":
@@ -142,9 +150,10 @@ def build_model(config="full", layers=None, capacity=512, seed=0, compute="float
     if prompt and (prompt < 2 or prompt % 2 or prompt > capacity):
         raise ValueError(f"a compiled prefill takes an even number of tokens from 2 to the cache's {capacity}, "
                          f"not {prompt}")
-    mod, _ = lower(_build_module(cfg, int(capacity), compute, prompt, kv_dtype), fusion=True)
+    fused = prefill_attention == "fused" and compute == "int8" and prompt and supported(prompt, cfg["head_dim"])
+    mod, _ = lower(_build_module(cfg, int(capacity), compute, prompt, kv_dtype, fused), fusion=True)
     return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, compute, prompt, source=source,
-                     kv_dtype=kv_dtype)
+                     kv_dtype=kv_dtype, prefill_attention="fused" if fused else "unfused")
 
 
 # --------------------------------------------------------------------------- Relax module
@@ -198,7 +207,7 @@ def table_vars(cfg):
     return list(_weight_vars(cfg, (name,))[name][:-1])
 
 
-def _build_module(cfg, capacity, compute="float", prompt=0, kv_dtype=DTYPE):
+def _build_module(cfg, capacity, compute="float", prompt=0, kv_dtype=DTYPE, fused_prefill=False):
     from tvm import relax
 
     d, hh, hd = cfg["hidden"], cfg["heads"], cfg["head_dim"]
@@ -214,7 +223,7 @@ def _build_module(cfg, capacity, compute="float", prompt=0, kv_dtype=DTYPE):
                 out = bb.emit_output(bb.emit_te(_te_embed, token, *table, DTYPE, primfunc_name_hint="embed_lookup"))
             bb.emit_func_output(out)
 
-    def layer(name, n, kv_write, repacked):
+    def layer(name, n, kv_write, repacked, fused=False):
         x = relax.Var("x", relax.TensorType((1, n, d), DTYPE))
         cache = [relax.Var(n, t) for n, t in zip(names, cache_ts)]
         pos = relax.Var("pos", relax.TensorType((1,), "int32"))
@@ -222,7 +231,7 @@ def _build_module(cfg, capacity, compute="float", prompt=0, kv_dtype=DTYPE):
         with bb.function(name, [x, *cache, pos, *_flat(w, LAYER_WEIGHTS)]):
             with bb.dataflow():
                 caches = []
-                attend = cached_attention(bb, cfg, cache, pos, kv_write, DTYPE, caches)
+                attend = cached_attention(bb, cfg, cache, pos, kv_write, DTYPE, caches, fused)
                 h = emit_layer(bb, cfg, w, x, DTYPE, attend, compute)
                 out = bb.emit_output(relax.Tuple([h, *caches]))
             bb.emit_func_output(out)
@@ -243,7 +252,7 @@ def _build_module(cfg, capacity, compute="float", prompt=0, kv_dtype=DTYPE):
     if prompt:
         embed("embed_prompt", prompt)
         kv_prompt = bb.add_func(writer(capacity, prompt, hh, hd, DTYPE, kv_dtype), "kv_write_prompt")
-        layer("prefill", prompt, kv_prompt, repacked)
+        layer("prefill", prompt, kv_prompt, repacked, fused_prefill)
         head("head_prompt", prompt)
     return bb.get()
 
