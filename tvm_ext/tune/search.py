@@ -13,9 +13,10 @@ def search_strategy(trials: int):
 
     TVM's default population (512) costs tens of seconds per iteration on a 2-core
     machine; for budgets of a few dozen trials per task a population of 4x the budget
-    (at least 64) explores as far as the measurements can follow.
+    (at least 64) explores as far as the measurements can follow.  Below 8 trials (smoke
+    runs, tests) 8x the budget: a 64-candidate iteration took ~3 s to pick 1-3 of them.
     """
-    population = max(64, min(512, 4 * trials))
+    population = max(min(64, 8 * trials), min(512, 4 * trials))
     return ms.search_strategy.EvolutionarySearch(population_size=population,
                                                  init_min_unmeasured=min(50, population // 2))
 
