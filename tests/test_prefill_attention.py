@@ -88,3 +88,17 @@ def test_the_int8_prefill_calls_the_fused_kernel_and_unfused_keeps_three():
     assert float_prompt.prefill_attention == "unfused"
     with pytest.raises(ValueError, match="prefill_attention must be one of fused, unfused, not 'flash'"):
         pm.build_model("reduced", 1, capacity=12, compute="int8", prompt=8, prefill_attention="flash")
+
+
+def test_a_prompt_as_long_as_the_window_and_its_next_token_fit():
+    """The cache holds context + prompt + tokens - 1 positions (the last token is never fed back): a prompt
+    filling the whole window still gives its next token, the float path's; one more token overflows."""
+    from tvm_ext.bench.phi2.prompt import prompt_rows
+    from tvm_ext.workloads.phi2.layers import CONFIGS
+
+    cfg = dict(CONFIGS["reduced"], max_positions=16)
+    out = prompt_rows(("int8",), config=cfg, layers=1, prompt=16, tokens=1, repeat=1, log=lambda m: None)
+    assert out["capacity"] == 16 and out["prefill_attention"] == "fused"
+    assert len(out["rows"][0]["generated"]) == 1 and out["rows"][0]["vs_float"]["first_token_same"]
+    with pytest.raises(ValueError, match="context overflow: 17 positions"):
+        prompt_rows(("int8",), config=cfg, layers=1, prompt=16, tokens=2, repeat=1, log=lambda m: None)

@@ -160,7 +160,9 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
                 ort=False, prefill_attention="fused") -> dict:
     """Run each of ``schedules`` on the same prompt (see the module doc); one JSON-able dict.
     ``tune_trials``: first tune the model's prompt kernels that many trials each into ``database``
-    (the kernels depend on prompt, context + prompt + tokens and config: tune with the same).
+    (the kernels depend on prompt, context + prompt + tokens and config: tune with the same).  The cache holds
+    context + prompt + tokens - 1 positions: the last token generated is never fed back, so a 2048-token
+    prompt and its next token fit Phi-2's window.
     ``ort``: also ONNX Runtime's MatMulNBits on each projection's shape (``ort_gemms``), each row's
     GEMMs compared with it (``gemm_vs_ort``: our ms / ORT's, per projection).  ``prefill_attention``:
     ``model.build_model``'s (fused or unfused)."""
@@ -179,7 +181,7 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
     threads = int(threads or physical_cores())
     set_threads(threads)
     layers = pm.DEFAULT_LAYERS.get(config, 1) if layers is None else int(layers)
-    capacity = context + prompt + tokens
+    capacity = context + prompt + tokens - 1
     model = pm.build_model(config, layers, capacity=capacity, seed=seed, compute="int8", prompt=prompt,
                            prefill_attention=prefill_attention)
     ids = [int(t) for t in np.random.default_rng([seed, 7]).integers(model.cfg["vocab"], size=prompt)]
@@ -202,6 +204,7 @@ def prompt_rows(schedules=SCHEDULES, config="full", layers=None, prompt=128, tok
         rows.append(row)
         log(f"{how}: prefill {row['tok_s']:.1f} tok/s, first token after {row['ttft_s']:.2f} s")
     out = {"config": config, "layers": layers, "prompt": prompt, "context": context, "tokens": tokens,
+           "capacity": capacity,
            "prefill_attention": model.prefill_attention,
            "threads": threads, "device": describe_host(), "rows": rows}
     if ort:
