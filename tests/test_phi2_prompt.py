@@ -106,6 +106,7 @@ def test_cli_generate_prompt_json(tmp_path, capsys):
      "unknown schedule 'dlight'; with --prompt the schedules are int8, tuned"),
     (["--prompt", "8", "--peers", "torch"], "unknown peer 'torch'"),
     (["--prompt", "8", "--schedule", "tuned", "--database", "/nonexistent/db"], "no tuning database"),
+    (["--prefill-attention", "unfused"], "--prefill-attention is the prompt's: add --prompt N"),
 ])
 def test_cli_prompt_bad_input(argv, message, capsys):
     assert main(["generate", "--config", "reduced", "--layers", "1"] + argv) == 2

@@ -111,6 +111,8 @@ def run(args) -> int:
     from tvm_ext.schedule_rule import is_gpu
     from tvm_ext.workloads.phi2.model import check_config
 
+    if args.prefill_attention != "fused" and not args.prompt:
+        raise ValueError("--prefill-attention is the prompt's: add --prompt N")
     kv = kv_caches(args)
     if kv != ["float32"] and (args.model is not None or args.prompt or args.target != "llvm"):
         raise ValueError("--kv-cache float16 / int8 is the CPU decode benchmark's for now (not with --prompt, --model "
