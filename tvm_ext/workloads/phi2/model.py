@@ -36,9 +36,9 @@ import numpy as np
 
 from .kernels import lower
 from .kv_cache import cache_types, cached_attention, check_kv_dtype, kv_bytes, quantize_np, writer
-from .prefill_attention import supported
 from .layers import (CONFIGS, GROUP, arch, emit_head, emit_layer, embed_weights, head_weights, in_format,
                      layer_weights, q4_value, reference_head, reference_layer, weight_np)
+from .prefill_attention import supported
 
 DEFAULT_LAYERS = {"full": 32, "reduced": 2}
 LAYER_WEIGHTS = ("ln_g", "ln_b", "qkv", "dense", "fc1", "fc2")
@@ -150,7 +150,7 @@ def build_model(config="full", layers=None, capacity=512, seed=0, compute="float
     if prompt and (prompt < 2 or prompt % 2 or prompt > capacity):
         raise ValueError(f"a compiled prefill takes an even number of tokens from 2 to the cache's {capacity}, "
                          f"not {prompt}")
-    fused = prefill_attention == "fused" and compute == "int8" and prompt and supported(prompt, cfg["head_dim"])
+    fused = bool(prefill_attention == "fused" and compute == "int8" and prompt and supported(prompt, cfg["head_dim"]))
     mod, _ = lower(_build_module(cfg, int(capacity), compute, prompt, kv_dtype, fused), fusion=True)
     return Phi2Model(name, cfg, layers, int(capacity), int(seed), mod, compute, prompt, source=source,
                      kv_dtype=kv_dtype, prefill_attention="fused" if fused else "unfused")
