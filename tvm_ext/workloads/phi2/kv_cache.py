@@ -163,13 +163,13 @@ def cached_attention(bb, cfg, caches, pos, write, dtype: str, written: list, fus
             written.extend(bb.emit(relax.TupleGetItem(o, i)) for i in (0, 1) for o in out)  # k, v, k_scale, v_scale
             scales = (written[2], written[3])
         if fused:
-            return _fused_attention(bb, cfg, q, written, pos)
+            return _fused_attention(bb, q, written, pos)
         return attention(bb, q, written[0], written[1], cfg["head_dim"], dtype, mask_past=pos, scales=scales)
 
     return attend
 
 
-def _fused_attention(bb, cfg, q, written, pos):
+def _fused_attention(bb, q, written, pos):
     from tvm import relax
 
     from .prefill_attention import prefill_attention

@@ -83,6 +83,17 @@ def prefill_attention(tokens: int, capacity: int, heads: int, head_dim: int, kv_
         x = widen(v[0, j, h, r])
         return x if vs is None else x * vs[0, h, j]
 
+    def block_keys(pos, b):
+        """Keys the last query of block ``b`` sees (the block's scores and values stop there)."""
+        return pos[0] + b * qb_n + qb_n
+
+    def block_vectors(pos, b):
+        """8-lane vectors of a score row of block ``b``: its keys rounded up to whole key tiles."""
+        return (block_keys(pos, b) + KEY_TILE - 1) // KEY_TILE * (KEY_TILE // LANES)
+
+    def lanes_at(c):
+        return T.ramp(c * LANES, 1, LANES)
+
     @T.macro
     def body(q, k, v, ks, vs, pos, out):
         with T.sblock("root"):
@@ -101,7 +112,7 @@ def prefill_attention(tokens: int, capacity: int, heads: int, head_dim: int, kv_
                     for r in T.vectorized(d):
                         vh[j, r] = value(v, vs, j, h, r)
                 for b in range(n // qb_n):
-                    for jt in range((pos[0] + b * qb_n + qb_n + KEY_TILE - 1) // KEY_TILE):  # 2. scores
+                    for jt in range(block_vectors(pos, b) // (KEY_TILE // LANES)):  # 2. scores
                         for i in T.unroll(qb_n):
                             acc[i, kt_ramp] = T.broadcast(T.float32(0), KEY_TILE)
                         for r in range(d):
@@ -113,19 +124,16 @@ def prefill_attention(tokens: int, capacity: int, heads: int, head_dim: int, kv_
                     for i in range(qb_n):  # 3. softmax of query b * qb_n + i: keys after past + its index masked
                         red[0, v_ramp] = T.broadcast(lowest, LANES)
                         red[1, v_ramp] = T.broadcast(T.float32(0), LANES)
-                        for c in range((pos[0] + b * qb_n + qb_n + KEY_TILE - 1) // KEY_TILE * (KEY_TILE // LANES)):
-                            red[0, v_ramp] = T.max(red[0, v_ramp], T.Select(
-                                T.ramp(c * LANES, 1, LANES) > T.broadcast(pos[0] + b * qb_n + i, LANES),
-                                T.broadcast(lowest, LANES), s[i, T.ramp(c * LANES, 1, LANES)]))
+                        for c in range(block_vectors(pos, b)):  # mask (written back), max
+                            s[i, lanes_at(c)] = T.Select(lanes_at(c) > T.broadcast(pos[0] + b * qb_n + i, LANES),
+                                                         T.broadcast(lowest, LANES), s[i, lanes_at(c)])
+                            red[0, v_ramp] = T.max(red[0, v_ramp], s[i, lanes_at(c)])
                         peak[0] = lowest
                         for lane in range(LANES):
                             peak[0] = T.max(peak[0], red[0, lane])
-                        for c in range((pos[0] + b * qb_n + qb_n + KEY_TILE - 1) // KEY_TILE * (KEY_TILE // LANES)):
-                            s[i, T.ramp(c * LANES, 1, LANES)] = exp_nonpositive(T.Select(
-                                T.ramp(c * LANES, 1, LANES) > T.broadcast(pos[0] + b * qb_n + i, LANES),
-                                T.broadcast(lowest, LANES), s[i, T.ramp(c * LANES, 1, LANES)])
-                                - T.broadcast(peak[0], LANES), LANES)
-                            red[1, v_ramp] = red[1, v_ramp] + s[i, T.ramp(c * LANES, 1, LANES)]
+                        for c in range(block_vectors(pos, b)):  # exp (exactly 0 where masked), sum
+                            s[i, lanes_at(c)] = exp_nonpositive(s[i, lanes_at(c)] - T.broadcast(peak[0], LANES), LANES)
+                            red[1, v_ramp] = red[1, v_ramp] + s[i, lanes_at(c)]
                         inv[i] = T.float32(0)
                         for lane in range(LANES):
                             inv[i] = inv[i] + red[1, lane]
@@ -133,7 +141,7 @@ def prefill_attention(tokens: int, capacity: int, heads: int, head_dim: int, kv_
                     for pair, chunk in T.grid(qb_n // 2, d // dv):  # 4. values, two queries at a time
                         for i, c in T.grid(2, dv // LANES):  # 8-lane vectors: LLVM scalarizes 40 lanes
                             vacc[i, c, v_ramp] = T.broadcast(T.float32(0), LANES)
-                        for j in range(pos[0] + b * qb_n + qb_n):
+                        for j in range(block_keys(pos, b)):
                             for c in T.unroll(dv // LANES):
                                 for i in T.unroll(2):
                                     vacc[i, c, v_ramp] = vacc[i, c, v_ramp] + T.broadcast(
